@@ -1,0 +1,46 @@
+# climb: `make demo` runs every stage on the embedded demo; `make test` runs the tests.
+# Each stage target runs the stages it depends on first (finished ones are skipped).
+#   make cluster CONFIG=pipelines/bench.toml RUN=runs/bench
+CONFIG ?= pipelines/demo.toml
+RUN ?= runs/$(basename $(notdir $(CONFIG)))
+SET ?=
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ARGS = --config $(CONFIG) --run $(RUN) $(foreach s,$(SET),--set $(s))
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_HOME ?= $(CURDIR)/.cache/huggingface
+
+.PHONY: install demo run embed cluster search export report test test-all bench clean
+
+install: $(STAMP)
+
+# CPU torch first and pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml requirements-torch.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements-torch.txt
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/climb run $(ARGS)
+
+run: demo
+
+embed cluster search export report: $(STAMP)
+	$(BIN)/climb $@ $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -m ''
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf runs .cache

@@ -1,0 +1,105 @@
+"""The `climb` command line.
+
+    climb run     --config pipelines/demo.toml [--run runs/demo] [--set cluster.k=32 ...]
+    climb embed | cluster | search | export | report  (same options; earlier stages run first)
+    climb predictor evaluate | propose ...             (swarm CSVs in, metrics or mixtures out)
+    climb run --config pipelines/demo.toml --executor dask --dask-workers 2
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .stage import STAGES
+
+
+def _setup_logging(verbose: int) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose > 1 else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("faiss", "sentence_transformers", "httpx", "distributed", "urllib3", "filelock",
+                  "huggingface_hub", "transformers"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+
+
+def _stage_parser(sub, name: str, help_: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_)
+    p.add_argument("--config", default="pipelines/demo.toml", help="run config (TOML)")
+    p.add_argument("--run", default=None, help="run folder (default: runs/<config name>)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set search.iterations=[64,32,16]")
+    p.add_argument("--executor", choices=["local", "dask"], help="where stage tasks run")
+    p.add_argument("--dask-workers", type=int, help="local Dask cluster size")
+    p.add_argument("--dask-address", help="existing Dask scheduler, e.g. tcp://127.0.0.1:8786")
+    p.add_argument("-v", "--verbose", action="count", default=1)
+    if name == "export":
+        p.add_argument("--weights", help="export these weights (JSON list or file) instead of the search's")
+    return p
+
+
+def _config(args):
+    from .config import load_config
+    ov = list(args.overrides)
+    if args.executor:
+        ov.append(f"executor.kind={args.executor!r}".replace("'", '"'))
+    if args.dask_workers:
+        ov.append(f"executor.dask_workers={args.dask_workers}")
+    if args.dask_address:
+        ov += [f'executor.dask_address="{args.dask_address}"', 'executor.kind="dask"']
+    cfg = load_config(args.config, ov)
+    run_dir = Path(args.run) if args.run else Path("runs") / cfg.name
+    return cfg, run_dir
+
+
+def _run_stage(args) -> int:
+    from . import pipeline
+    cfg, run_dir = _config(args)
+    if args.command == "run":
+        pipeline.run_all(cfg, run_dir)
+    elif args.command == "export" and args.weights:
+        import json
+        from . import export
+        from .stage import RunPaths
+        raw = Path(args.weights).read_text() if Path(args.weights).exists() else args.weights
+        w = json.loads(raw)
+        pipeline.run_stage("search", cfg, run_dir)
+        export.run(cfg, RunPaths(run_dir), weights=w["weights"] if isinstance(w, dict) else w)
+    else:
+        pipeline.run_stage(args.command, cfg, run_dir)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="climb", description="Find the data mixture to pretrain a language model on.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    _stage_parser(sub, "run", "every stage, end to end").set_defaults(func=_run_stage)
+    helps = {"embed": "embed the corpus", "cluster": "k-means, prune, merge, summarise",
+             "search": "the proxy-swarm search for the best mixture",
+             "export": "write the optimised dataset and blend files", "report": "plots and summary page"}
+    for s in STAGES:
+        _stage_parser(sub, s, helps[s]).set_defaults(func=_run_stage)
+    try:
+        from .predictor_cli import add_predictor_parser
+        add_predictor_parser(sub)
+    except ImportError:
+        pass
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(getattr(args, "verbose", 1))
+    from .config import ConfigError
+    from .io import InputError
+    try:
+        return args.func(args)
+    except (ConfigError, InputError, FileNotFoundError) as e:
+        print(f"climb: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

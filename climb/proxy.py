@@ -1,0 +1,154 @@
+"""One proxy run: (mixture, config, seed) -> metrics record.
+
+The built-in trainer trains a small GPT (`proxies/`) on sequences drawn from the
+per-cluster token stores by the mixture weights, then scores it on the target:
+bits per byte on held-out text and/or `acc`, `acc_norm`, `gold_loss_per_byte`
+on task files. `objective` is the mean of the metrics named in
+`target.objective`; the goal (minimize / maximize) travels with it.
+
+A user with their own trainer sets `proxy.command`; climb writes the mixture to
+`{weights}` (JSON: {"weights": [...], "clusters": [...], "seed": n}) and reads the
+metrics record the command writes to `{out}` (JSON: {"metrics": {...}}).
+
+Task arguments are paths and small configs, so the same function runs
+in-process or on a Dask worker.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .config import ProxyConfig, TargetConfig
+from .device import resolve_device
+from .io import InputError, read_documents, resolve_corpus_files
+
+log = logging.getLogger(__name__)
+_CACHE: dict = {}
+
+
+def load_target(tc: TargetConfig, run_dir: Path) -> dict:
+    """Target texts and task items, cached per process (Dask workers reuse them)."""
+    key = ("target", json.dumps([tc.texts, tc.text_column, sorted(tc.tasks.items()), tc.task_limit]), str(run_dir))
+    if key not in _CACHE:
+        from proxies.evaluate import load_tasks
+        texts: list[str] = []
+        if tc.texts:
+            for f in resolve_corpus_files(tc.texts, run_dir):
+                for b in read_documents(f, tc.text_column, ""):
+                    texts += b.texts
+        tasks = {}
+        for name, path in tc.tasks.items():
+            p = Path(path.replace("{run}", str(run_dir)))
+            if not p.exists():
+                raise InputError(f"target task file {p} not found; fix target.tasks.{name}")
+            items = load_tasks(p)
+            tasks[name] = items[: tc.task_limit] if tc.task_limit else items
+        if not texts and not tasks:
+            raise InputError("the target is empty: set target.texts (held-out text) and/or target.tasks")
+        _CACHE[key] = {"texts": texts, "tasks": tasks}
+    return _CACHE[key]
+
+
+def objective(metrics: dict, tc: TargetConfig) -> float:
+    missing = [m for m in tc.objective if m not in metrics]
+    if missing:
+        raise InputError(f"target.objective names {missing}, but the proxy reported {sorted(metrics)}")
+    return float(np.mean([metrics[m] for m in tc.objective]))
+
+
+def evaluate(model, tokenizer, tc: TargetConfig, run_dir: Path, device: str) -> dict:
+    from proxies.evaluate import bits_per_byte, evaluate_task
+    target = load_target(tc, run_dir)
+    metrics: dict[str, float] = {}
+    if target["texts"]:
+        metrics["bpb"] = float(bits_per_byte(model, tokenizer, target["texts"], device=device))
+    for name, items in target["tasks"].items():
+        res = evaluate_task(model, tokenizer, items, device=device)
+        for k in ("acc", "acc_norm", "gold_loss_per_byte"):
+            metrics[f"{name}/{k}"] = float(res[k])
+    return metrics
+
+
+def _resources(search_dir: Path):
+    from proxies.tokenizer import load_tokenizer
+    from proxies.tokens import TokenStore
+    key = ("store", str(search_dir))
+    if key not in _CACHE:
+        _CACHE[key] = (TokenStore(search_dir / "tokens"), load_tokenizer(search_dir / "tokenizer.json"))
+    return _CACHE[key]
+
+
+def train_and_score(task: dict) -> dict:
+    """Run one proxy. task: weights, seed, mixture_id, iteration, search_dir, run_dir, proxy, target."""
+    t0 = time.time()
+    pc: ProxyConfig = task["proxy"]
+    tc: TargetConfig = task["target"]
+    rec = {"mixture_id": task["mixture_id"], "iteration": task["iteration"], "seed": task["seed"],
+           "weights": [float(w) for w in task["weights"]]}
+    try:
+        if pc.command:
+            metrics, tokens = _external(task)
+        else:
+            metrics, tokens = _builtin(task)
+        rec.update(metrics=metrics, objective=objective(metrics, tc), tokens=tokens, status="ok")
+        if not np.isfinite(rec["objective"]):
+            rec["status"] = "failed"
+            rec["error"] = "non-finite objective (training diverged?)"
+    except InputError:
+        raise
+    except Exception as e:  # a failed proxy is recorded, not fatal: the search goes on without it
+        log.exception("proxy %s failed", task["mixture_id"])
+        rec.update(metrics={}, objective=None, tokens=0, status="failed", error=f"{type(e).__name__}: {e}")
+    rec["seconds"] = round(time.time() - t0, 3)
+    return rec
+
+
+def _builtin(task: dict) -> tuple[dict, int]:
+    import torch
+    from proxies.model import GPTConfig
+    from proxies.sampler import MixtureSampler
+    from proxies.train import TrainConfig, train
+    pc: ProxyConfig = task["proxy"]
+    device = resolve_device(pc.device)
+    store, tok = _resources(Path(task["search_dir"]))
+    weights = np.asarray(task["weights"], dtype=np.float64)
+    sampler = MixtureSampler(store, weights / weights.sum(), pc.seq_len, pc.batch_size,
+                             seed=task["seed"], device=device)
+    mcfg = GPTConfig(vocab_size=tok.vocab_size, n_layer=pc.n_layer, n_head=pc.n_head,
+                     n_embd=pc.n_embd, seq_len=pc.seq_len)
+    tcfg = TrainConfig(steps=pc.steps, batch_size=pc.batch_size, lr=pc.lr,
+                       warmup_steps=pc.warmup_steps, schedule=pc.schedule, log_every=10**9)
+    model, stats = train(mcfg, tcfg, sampler, seed=task["seed"], device=device)
+    metrics = evaluate(model, tok, task["target"], Path(task["run_dir"]), device)
+    metrics["train_loss"] = float(stats["final_loss"])
+    log.info("proxy %s: objective inputs %s, %.0f tok/s", task["mixture_id"],
+             {k: round(v, 4) for k, v in metrics.items()}, stats["tokens_per_s"])
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return metrics, int(stats["tokens"])
+
+
+def _external(task: dict) -> tuple[dict, int]:
+    pc: ProxyConfig = task["proxy"]
+    with tempfile.TemporaryDirectory() as tmp:
+        wfile, out = Path(tmp) / "weights.json", Path(tmp) / "metrics.json"
+        wfile.write_text(json.dumps({"weights": task["weights"], "seed": task["seed"],
+                                     "mixture_id": task["mixture_id"],
+                                     "clusters": list(range(len(task["weights"])))}))
+        cmd = pc.command.format(weights=shlex.quote(str(wfile)), out=shlex.quote(str(out)))
+        proc = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"proxy.command exited {proc.returncode}: {proc.stderr[-2000:]}")
+        if not out.exists():
+            raise RuntimeError(f"proxy.command wrote no metrics file to {{out}}; stdout: {proc.stdout[-500:]}")
+        rec = json.loads(out.read_text())
+    metrics = rec.get("metrics", rec)
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}, int(rec.get("tokens", 0))

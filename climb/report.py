@@ -1,0 +1,185 @@
+"""Stage 5, report: one Markdown page with PNG plots, and `summary.json`.
+
+Plots: cluster sizes, a 2-D map of the clusters (PCA of their centroids,
+sized by documents), objective by iteration, predicted vs measured, and the
+final weights against the natural token shares. The page ends with the
+comparison table (found mixture vs uniform vs natural, each measured by a
+fresh proxy with a seed the search never used), which is also printed and
+written as `report/summary.json`.
+
+    climb report --config pipelines/demo.toml --run runs/demo
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .config import RunConfig
+from .io import read_json, write_json
+from .search import goal_sign, read_results
+from .stage import RunPaths, finish, stage_key, upstream_hash
+
+log = logging.getLogger(__name__)
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _label(c: dict) -> str:
+    return f"{c['cluster']}: " + " ".join(c["top_terms"][:3])
+
+
+def plot_clusters(clusters: list[dict], centroids: np.ndarray, out: Path) -> list[str]:
+    plt = _plt()
+    docs = np.array([c["docs"] for c in clusters])
+    fig, ax = plt.subplots(figsize=(8, max(3, 0.28 * len(clusters))))
+    ax.barh([_label(c) for c in clusters], docs, color="#4c72b0")
+    ax.invert_yaxis()
+    ax.set_xlabel("documents")
+    ax.set_title("Cluster sizes")
+    fig.tight_layout()
+    fig.savefig(out / "cluster_sizes.png", dpi=110)
+    plt.close(fig)
+    from sklearn.decomposition import PCA
+    xy = PCA(n_components=2, random_state=0).fit_transform(centroids) if len(centroids) > 2 else \
+        np.c_[np.arange(len(centroids)), np.zeros(len(centroids))]
+    fig, ax = plt.subplots(figsize=(7, 6))
+    ax.scatter(xy[:, 0], xy[:, 1], s=30 + 600 * docs / docs.max(), alpha=0.5, color="#dd8452")
+    for c, (x, y) in zip(clusters, xy):
+        ax.annotate(_label(c), (x, y), fontsize=7, ha="center")
+    ax.set_title("Cluster map (PCA of centroids; area ~ documents)")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    fig.tight_layout()
+    fig.savefig(out / "cluster_map.png", dpi=110)
+    plt.close(fig)
+    return ["cluster_sizes.png", "cluster_map.png"]
+
+
+def plot_search(results: list[dict], plans: dict, goal: str, name: str, out: Path) -> list[str]:
+    plt = _plt()
+    ok = [r for r in results if r["status"] == "ok" and r["iteration"] >= 0]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    its = np.array([r["iteration"] + 1 for r in ok])
+    ys = np.array([r["objective"] for r in ok])
+    jitter = np.random.default_rng(0).uniform(-0.12, 0.12, len(its))
+    ax.scatter(its + jitter, ys, alpha=0.6)
+    best = [min(goal_sign(goal) * ys[its <= i]) * goal_sign(goal) for i in sorted(set(its))]
+    ax.plot(sorted(set(its)), best, "k-o", label="best so far")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(f"{name} ({goal})")
+    ax.set_title("Objective by iteration")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "score_by_iteration.png", dpi=110)
+    plt.close(fig)
+    pred = [(plans.get(r["mixture_id"]), r["objective"]) for r in ok]
+    pred = [(p, y) for p, y in pred if p is not None]
+    files = ["score_by_iteration.png"]
+    if pred:
+        p, y = np.array(pred).T
+        fig, ax = plt.subplots(figsize=(5, 5))
+        ax.scatter(p, y)
+        lo, hi = min(p.min(), y.min()), max(p.max(), y.max())
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1)
+        ax.set_xlabel("predicted (before training)")
+        ax.set_ylabel("measured")
+        ax.set_title("Predicted vs measured (iterations 2+)")
+        fig.tight_layout()
+        fig.savefig(out / "predicted_vs_measured.png", dpi=110)
+        plt.close(fig)
+        files.append("predicted_vs_measured.png")
+    return files
+
+
+def plot_weights(final: np.ndarray, natural: np.ndarray, clusters: list[dict], out: Path) -> str:
+    plt = _plt()
+    idx = np.arange(len(final))
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(final)), 4))
+    ax.bar(idx - 0.2, natural, 0.4, label="natural (token share)", color="#999999")
+    ax.bar(idx + 0.2, final, 0.4, label="found mixture", color="#c44e52")
+    ax.set_xticks(idx, [str(c["cluster"]) for c in clusters])
+    ax.set_xlabel("cluster")
+    ax.set_ylabel("weight")
+    ax.set_title("Final weights vs natural distribution")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "weights.png", dpi=110)
+    plt.close(fig)
+    return "weights.png"
+
+
+def summary_table(summary: dict) -> str:
+    t, res = summary["target"], summary["results"]
+    best = min(res, key=lambda k: goal_sign(t["goal"]) * res[k])
+    lines = [f"| mixture | {t['name']} ({t['goal']}) |", "| --- | --- |"]
+    lines += [f"| {k}{' (best)' if k == best else ''} | {v:.4f} |" for k, v in res.items()]
+    return "\n".join(lines)
+
+
+def run(cfg: RunConfig, paths: RunPaths) -> dict:
+    t0 = time.time()
+    key = stage_key(upstream_hash(paths, "search"))
+    out = paths.stage("report")
+    csum = read_json(paths.root / "cluster" / "clusters.json")
+    clusters = csum["clusters"]
+    mix = read_json(paths.root / "search" / "mixture.json")
+    results = read_results(paths)
+    plans = {}
+    for f in sorted((paths.root / "search").glob("plan_*.json")):
+        for m in read_json(f)["mixtures"]:
+            plans[m["mixture_id"]] = m["predicted"]
+    comp = read_json(paths.manifest("search"))["stats"]["comparison"]
+    name = "+".join(cfg.target.objective)
+    summary = {"target": {"name": name, "goal": cfg.target.goal},
+               "results": {k: float(v) for k, v in comp.items() if v is not None},
+               "proxies_trained": len(results) + len(comp),
+               "clusters": len(clusters)}
+    figs = plot_clusters(clusters, np.load(paths.root / "cluster" / "cluster_centroids.npy"), out)
+    figs += plot_search(results, plans, cfg.target.goal, name, out)
+    figs.append(plot_weights(np.array(mix["weights"]), np.array(mix["natural"]), clusters, out))
+    write_json(out / "summary.json", summary)
+    w, nat = np.array(mix["weights"]), np.array(mix["natural"])
+    rows = "\n".join(f"| {c['cluster']} | {c['docs']} | {nat[i]:.3f} | {w[i]:.3f} | {', '.join(c['top_terms'][:6])} |"
+                     for i, c in enumerate(clusters))
+    page = f"""# climb report: {cfg.name}
+
+Target: **{name}**, goal **{cfg.target.goal}**. {len(results)} search proxies over
+{len(cfg.search.iterations)} iterations ({' -> '.join(map(str, cfg.search.iterations))}), predictor
+`{mix['predictor']}`; {len(clusters)} clusters.
+
+## Result
+
+Each row is a fresh proxy trained with seed {cfg.search.eval_seed}, which the search never used.
+
+{summary_table(summary)}
+
+Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy seen during the search:
+{mix['best_seen']['objective']:.4f} ({mix['best_seen']['mixture_id']}).
+
+![weights](weights.png)
+
+## Search
+
+![score by iteration](score_by_iteration.png)
+{"![predicted vs measured](predicted_vs_measured.png)" if "predicted_vs_measured.png" in figs else ""}
+
+## Clusters
+
+| cluster | docs | natural | found | top terms |
+| --- | --- | --- | --- | --- |
+{rows}
+
+![sizes](cluster_sizes.png)
+![map](cluster_map.png)
+"""
+    (out / "report.md").write_text(page)
+    print("\n" + summary_table(summary) + f"\n\nreport: {out / 'report.md'}\n")
+    return finish(paths, "report", key, {"figures": figs, "summary": summary}, t0)

@@ -1,0 +1,278 @@
+"""Stage 3, search: the CLIMB loop over cluster mixtures.
+
+Preparation (once): a byte-level BPE tokenizer trained on the corpus (or a
+given one) and per-cluster token stores, built per shard then merged.
+
+Iteration 1 samples mixtures from a Dirichlet around the clusters' token
+shares (temperature, several concentrations, epoch cap, minimum weight,
+near-duplicates dropped). Each mixture trains one proxy and is scored on the
+target. Later iterations fit the predictor on every result so far, score a
+large candidate pool and train the most promising mixtures plus some
+exploration. The final mixture is the predicted best (or the mean of the top
+k); it is then compared with the uniform and natural mixtures by training
+fresh proxies with a seed the search never used.
+
+Every proxy result is appended to `search/results.jsonl` as it arrives and
+the plan of each iteration is saved first, so a killed search resumes at proxy
+granularity. The swarm is also written as CSV (`swarm_weights.csv`,
+`swarm_metrics.csv`) for other tools.
+
+    climb search --config pipelines/demo.toml --run runs/demo
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .cluster import load_assignments
+from .config import RunConfig
+from .embed import shard_name
+from .executor import make_executor
+from .io import InputError, read_documents, read_json, write_json
+from .proxy import train_and_score
+from .stage import RunPaths, finish, is_done, skipped, stage_key, upstream_hash
+
+log = logging.getLogger(__name__)
+
+
+def goal_sign(goal: str) -> float:
+    """Multiply a metric by this to get something to minimise."""
+    if goal not in ("minimize", "maximize"):
+        raise ValueError(f"goal must be 'minimize' or 'maximize', got {goal!r}")
+    return 1.0 if goal == "minimize" else -1.0
+
+
+# ---------------------------------------------------------------- preparation
+def _tokenize_shard(task: dict) -> dict:
+    from proxies.tokenizer import load_tokenizer
+    from proxies.tokens import write_shard_tokens
+    tok = load_tokenizer(task["tokenizer"])
+    assign = load_assignments(RunPaths(Path(task["run_dir"])), task["shard"])
+    clusters = assign["cluster"].to_numpy()
+    cc = task["corpus"]
+    texts, cl, row = [], [], 0
+    for b in read_documents(Path(task["path"]), cc.text_column, cc.id_column, batch_rows=cc.batch_rows):
+        for t in b.texts:
+            if clusters[row] >= 0:  # pruned documents never reach a proxy
+                texts.append(t)
+                cl.append(int(clusters[row]))
+            row += 1
+    if row != len(clusters):
+        raise InputError(f"{task['path']} changed since it was clustered; re-run `climb embed cluster`")
+    return write_shard_tokens(texts, np.asarray(cl, dtype=np.int64), tok, task["out"], task["shard"])
+
+
+def _tokenizer_texts(cfg: RunConfig, files: list[Path]) -> list[str]:
+    per_file = max(1, cfg.proxy.tokenizer_docs // max(1, len(files)))
+    texts: list[str] = []
+    for f in files:
+        got = 0
+        for b in read_documents(f, cfg.corpus.text_column, cfg.corpus.id_column, batch_rows=cfg.corpus.batch_rows):
+            texts += b.texts[: per_file - got]
+            got = min(per_file, got + len(b.texts))
+            if got >= per_file:
+                break
+    return texts
+
+
+def prepare(cfg: RunConfig, paths: RunPaths, ex) -> dict:
+    from proxies.tokenizer import load_tokenizer, train_bpe
+    from proxies.tokens import TokenStore, merge_token_stores
+    sdir = paths.stage("search")
+    tok_path = sdir / "tokenizer.json"
+    if not tok_path.exists():
+        if cfg.proxy.tokenizer:
+            load_tokenizer(cfg.proxy.tokenizer).save(tok_path)
+        else:
+            files = paths.corpus_files(cfg)
+            train_bpe(_tokenizer_texts(cfg, files), cfg.proxy.vocab_size, tok_path)
+    if not (sdir / "tokens" / "index.json").exists():
+        names = read_json(paths.manifest("cluster"))["stats"]["shards"]
+        files = {shard_name(f): f for f in paths.corpus_files(cfg)}
+        n_clusters = read_json(paths.root / "cluster" / "clusters.json")["n_clusters"]
+        tasks = [{"tokenizer": str(tok_path), "run_dir": str(paths.root), "shard": s, "path": str(files[s]),
+                  "corpus": cfg.corpus, "out": str(sdir / "tokens")} for s in names]
+        ex.map(_tokenize_shard, tasks, desc="tokenize")
+        merge_token_stores(sdir / "tokens", names, n_clusters)
+    store = TokenStore(sdir / "tokens")
+    return {"tokens": store.tokens.astype(np.int64), "bytes": np.asarray(store.bytes, dtype=np.int64)}
+
+
+def mixture_space(cfg: RunConfig, tokens: np.ndarray) -> dict:
+    """Prior (token shares), usable clusters and per-cluster caps from the epoch cap."""
+    usable = tokens > cfg.proxy.seq_len + 1
+    if usable.sum() == 0:
+        raise InputError("no cluster has enough tokens for one proxy sequence; lower proxy.seq_len or add data")
+    natural = np.where(usable, tokens, 0).astype(np.float64)
+    natural /= natural.sum()
+    budget = cfg.export.token_budget or int(tokens[usable].sum())
+    cap = np.where(usable, np.minimum(1.0, cfg.search.epoch_cap * tokens / budget), 0.0)
+    uniform = usable / usable.sum()
+    return {"natural": natural, "uniform": uniform, "max_weight": cap, "usable": usable, "budget": budget}
+
+
+# ----------------------------------------------------------------- the loop
+def _results_path(paths: RunPaths) -> Path:
+    return paths.root / "search" / "results.jsonl"
+
+
+def read_results(paths: RunPaths) -> list[dict]:
+    p = _results_path(paths)
+    if not p.exists():
+        return []
+    out = []
+    for line in p.read_text().splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                log.warning("ignoring a truncated line in %s (the run was killed mid-write)", p)
+    return out
+
+
+def _append(paths: RunPaths, rec: dict) -> None:
+    with open(_results_path(paths), "a") as fh:
+        fh.write(json.dumps(rec) + "\n")
+        fh.flush()
+
+
+def _candidates(cfg: RunConfig, space: dict, n: int, seed: int) -> np.ndarray:
+    from .predictor import sample_candidates
+    sc = cfg.search
+    k = len(space["natural"])
+    return sample_candidates(space["natural"], n, np.random.default_rng(seed),
+                             concentrations=tuple(c * k for c in sc.concentrations),
+                             temperature=sc.temperature, min_weight=sc.min_weight,
+                             max_weight=space["max_weight"])
+
+
+def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: list[dict]) -> dict:
+    """The mixtures of iteration `it` (saved, so a resumed search trains the same ones)."""
+    from .predictor import propose
+    plan_file = paths.root / "search" / f"plan_{it}.json"
+    if plan_file.exists():
+        return read_json(plan_file)
+    sc = cfg.search
+    n = sc.iterations[it]
+    pool = _candidates(cfg, space, sc.pool_size if it else max(n * 20, 1000), sc.seed + 1000 * it)
+    ok = [r for r in seen if r["status"] == "ok"]
+    if it == 0 or len(ok) < 4:
+        weights, predicted = pool[:n], [None] * min(n, len(pool))
+    else:
+        X = np.array([r["weights"] for r in ok])
+        y = np.array([r["objective"] for r in ok])
+        weights, pred = propose(X, y, cfg.target.goal, pool, n, predictor_name=sc.predictor,
+                                seed=sc.seed + it, explore_frac=sc.explore_frac, min_l1=sc.dedup_l1)
+        predicted = [float(p) for p in pred]
+    plan = {"iteration": it, "mixtures": [{"mixture_id": f"it{it}-{j:03d}", "weights": np.asarray(w).tolist(),
+                                           "predicted": p} for j, (w, p) in enumerate(zip(weights, predicted))]}
+    write_json(plan_file, plan)
+    return plan
+
+
+def _task(cfg: RunConfig, paths: RunPaths, mixture_id: str, it: int, weights, seed: int) -> dict:
+    return {"mixture_id": mixture_id, "iteration": it, "weights": list(map(float, weights)), "seed": seed,
+            "search_dir": str(paths.root / "search"), "run_dir": str(paths.root),
+            "proxy": cfg.proxy, "target": cfg.target}
+
+
+def final_mixture(cfg: RunConfig, space: dict, results: list[dict]) -> dict:
+    from .predictor import best_mixture, make_predictor
+    sc = cfg.search
+    ok = [r for r in results if r["status"] == "ok"]
+    if len(ok) < 2:
+        raise RuntimeError(f"only {len(ok)} proxies succeeded; see {len(results)} records in search/results.jsonl")
+    X = np.array([r["weights"] for r in ok])
+    y = np.array([r["objective"] for r in ok])
+    model = make_predictor(sc.predictor, seed=sc.seed).fit(X, y)
+    pool = np.concatenate([_candidates(cfg, space, sc.pool_size, sc.seed + 99_991), X])
+    w = np.asarray(best_mixture(model, pool, cfg.target.goal, top_k=sc.final_top_k), dtype=np.float64)
+    w = np.where(space["usable"], w, 0.0)
+    w /= w.sum()
+    best_seen = ok[int(np.argmin(goal_sign(cfg.target.goal) * y))]
+    return {"weights": w.tolist(), "predicted": float(model.predict(w[None])[0]), "predictor": model.name,
+            "best_seen": {"mixture_id": best_seen["mixture_id"], "objective": best_seen["objective"]}}
+
+
+def stage_hash(cfg: RunConfig, paths: RunPaths) -> str:
+    return stage_key(upstream_hash(paths, "cluster"), cfg.proxy, cfg.target, cfg.search,
+                     cfg.export.token_budget)
+
+
+def run(cfg: RunConfig, paths: RunPaths) -> dict:
+    key = stage_hash(cfg, paths)
+    if is_done(paths, "search", key):
+        return skipped(paths, "search")
+    t0 = time.time()
+    sdir = paths.stage("search")
+    state_file = sdir / "state.json"
+    if state_file.exists() and read_json(state_file).get("hash") != key:
+        raise InputError(f"{sdir} holds a search with a different config; move it away or use another --run folder")
+    write_json(state_file, {"hash": key})
+    sc = cfg.search
+    with make_executor(cfg.executor) as ex:
+        space = mixture_space(cfg, prepare(cfg, paths, ex)["tokens"])
+        results = read_results(paths)
+        done = {r["mixture_id"] for r in results}
+        for it in range(len(sc.iterations)):
+            plan = plan_iteration(cfg, paths, it, space, [r for r in results if r["iteration"] < it])
+            todo = [m for m in plan["mixtures"] if m["mixture_id"] not in done]
+            if todo:
+                log.info("search iteration %d/%d: %d proxies (%d already done)", it + 1, len(sc.iterations),
+                         len(todo), len(plan["mixtures"]) - len(todo))
+            tasks = [_task(cfg, paths, m["mixture_id"], it, m["weights"], sc.seed) for m in todo]
+            new = ex.map(train_and_score, tasks, desc=f"proxies it{it + 1}", resources={"GPU": 1},
+                         on_result=lambda i, rec: _append(paths, rec))
+            results += new
+            _write_swarm_csv(paths, results)
+            ok = [r for r in results if r["status"] == "ok"]
+            if ok:
+                best = min(ok, key=lambda r: goal_sign(cfg.target.goal) * r["objective"])
+                log.info("after iteration %d: best %s = %.4f (%s)", it + 1, ",".join(cfg.target.objective),
+                         best["objective"], best["mixture_id"])
+        final = final_mixture(cfg, space, results)
+        write_json(sdir / "mixture.json", {**final, "natural": space["natural"].tolist(),
+                                           "uniform": space["uniform"].tolist(),
+                                           "max_weight": space["max_weight"].tolist(),
+                                           "goal": cfg.target.goal, "objective": list(cfg.target.objective)})
+        comparison = compare(cfg, paths, ex, {"climb": final["weights"], "uniform": space["uniform"],
+                                              "natural": space["natural"]})
+    failed = sum(r["status"] != "ok" for r in results)
+    stats = {"proxies": len(results), "failed": failed, "comparison": comparison,
+             "clusters": len(space["natural"]), "final_predicted": final["predicted"]}
+    return finish(paths, "search", key, stats, t0)
+
+
+def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict) -> dict:
+    """Train a fresh proxy (seed never used by the search) on each named mixture."""
+    out_file = paths.root / "search" / "comparison.json"
+    have = read_json(out_file) if out_file.exists() else {}
+    names = ["climb"] + [b for b in cfg.search.baselines if b in mixtures]
+    todo = [n for n in names if n not in have]
+    tasks = [_task(cfg, paths, f"final-{n}", -1, mixtures[n], cfg.search.eval_seed) for n in todo]
+    for n, rec in zip(todo, ex.map(train_and_score, tasks, desc="final comparison", resources={"GPU": 1})):
+        have[n] = rec
+        write_json(out_file, have)
+    table = {n: have[n]["objective"] for n in names}
+    log.info("final comparison (%s, %s): %s", ",".join(cfg.target.objective), cfg.target.goal,
+             {k: round(v, 4) if v is not None else None for k, v in table.items()})
+    return table
+
+
+def _write_swarm_csv(paths: RunPaths, results: list[dict]) -> None:
+    from .swarm import write_swarm
+    ok = [r for r in results if r["status"] == "ok"]
+    if not ok:
+        return
+    k = len(ok[0]["weights"])
+    names = sorted({m for r in ok for m in r["metrics"]})
+    metrics = {"objective": np.array([r["objective"] for r in ok]),
+               "iteration": np.array([r["iteration"] for r in ok])}
+    metrics.update({m: np.array([r["metrics"].get(m, np.nan) for r in ok]) for m in names})
+    sdir = paths.root / "search"
+    write_swarm(sdir / "swarm_weights.csv", sdir / "swarm_metrics.csv", [r["mixture_id"] for r in ok],
+                [f"cluster_{c}" for c in range(k)], np.array([r["weights"] for r in ok]), metrics)

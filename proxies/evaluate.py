@@ -1,0 +1,238 @@
+"""Evaluate proxy models: bits-per-byte on held-out text and log-likelihood tasks.
+
+``bits_per_byte`` streams the texts (each followed by EOS, the stream opened by
+an EOS so every text token is predicted) through non-overlapping windows of
+``seq_len`` predictions and divides the summed NLL by ln 2 times the UTF-8 bytes.
+
+``evaluate_task`` scores JSON Lines tasks (see ``load_tasks``) the way the
+lm-evaluation-harness does: context and continuation are tokenized separately
+and concatenated, the context is truncated from the left to fit, and the
+log-likelihood of the continuation tokens is summed. Metrics: ``acc``,
+``acc_norm`` (log-likelihood per UTF-8 byte of the choice), ``gold_loss_per_byte``
+and ``n``.
+
+The model only needs ``model.config.seq_len`` and ``model(idx) -> (logits, _)``,
+and must already be on ``device``. Usage::
+
+    from proxies.evaluate import bits_per_byte, load_tasks, evaluate_task
+    bpb = bits_per_byte(model, tok, heldout_texts, device="cuda")
+    metrics = evaluate_task(model, tok, load_tasks("tasks/arc_easy.jsonl"), device="cuda")
+
+Tested by ``pytest tests/test_proxies_eval.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .model import gather_logprobs
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _inference(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    autocast = (
+        torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        if device.type == "cuda"
+        else contextlib.nullcontext()
+    )
+    try:
+        with torch.inference_mode(), autocast:
+            yield
+    finally:
+        model.train(was_training)
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def bits_per_byte(
+    model, tokenizer, texts: Sequence[str], device="cpu", batch_size: int = 16, prepend_eos: bool = True
+) -> float:
+    """Total NLL of the EOS-separated token stream, in bits, per UTF-8 byte of ``texts``."""
+    device = torch.device(device)
+    texts = list(texts)
+    total_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    if total_bytes == 0:
+        raise ValueError("bits_per_byte needs at least one non-empty text")
+    eos = tokenizer.eos_id
+    stream = [eos] if prepend_eos else []
+    for ids in tokenizer.encode_batch(texts):
+        stream.extend(ids)
+        stream.append(eos)
+    ids = torch.tensor(stream, dtype=torch.long)
+    T = model.config.seq_len
+    n_pred = len(stream) - 1
+    # Window i predicts stream[i*T+1 : i*T+T+1] from inputs stream[i*T : i*T+T]:
+    # every token after the first is predicted exactly once.
+    starts = list(range(0, n_pred, T))
+    nll = 0.0
+    with _inference(model, device):
+        for b in range(0, len(starts), batch_size):
+            chunk = starts[b : b + batch_size]
+            win = torch.full((len(chunk), T + 1), -1, dtype=torch.long)
+            for row, s in enumerate(chunk):
+                piece = ids[s : s + T + 1]
+                win[row, : len(piece)] = piece
+            win = _to_device(win, device)
+            logits, _ = model(win[:, :-1].clamp_min(0))
+            nll -= gather_logprobs(logits, win[:, 1:]).sum(dtype=torch.float64).item()
+    return nll / (math.log(2) * total_bytes)
+
+
+def load_tasks(path: str | Path) -> list[dict]:
+    """Read a JSON Lines task file: multiple-choice {"query", "choices", "gold"} or
+    cloze {"context", "continuation"} items. Blank lines are skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"task file {path} not found")
+    items = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON ({e.msg})") from e
+            if not isinstance(obj, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+            items.append(_check_item(obj, where))
+    if not items:
+        raise ValueError(f"{path}: no task items found")
+    return items
+
+
+def _check_item(obj: dict, where: str) -> dict:
+    if "choices" in obj:
+        q, choices, gold = obj.get("query"), obj["choices"], obj.get("gold")
+        if not isinstance(q, str):
+            raise ValueError(f"{where}: multiple-choice item needs a string 'query'")
+        if not isinstance(choices, list) or not choices or not all(isinstance(c, str) for c in choices):
+            raise ValueError(f"{where}: 'choices' must be a non-empty list of strings")
+        if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(choices):
+            raise ValueError(f"{where}: 'gold' must be an integer index into choices (0..{len(choices) - 1})")
+        return obj
+    if "continuation" in obj:
+        if not isinstance(obj.get("context"), str) or not isinstance(obj["continuation"], str):
+            raise ValueError(f"{where}: cloze item needs string 'context' and 'continuation'")
+        if not obj["continuation"]:
+            raise ValueError(f"{where}: cloze 'continuation' is empty")
+        return obj
+    raise ValueError(
+        f"{where}: unrecognised item with keys {sorted(obj)}; expected "
+        '{"query", "choices", "gold"} or {"context", "continuation"}'
+    )
+
+
+def mc_request(query: str, choice: str) -> tuple[str, str]:
+    """(context, continuation) for one multiple-choice option."""
+    if query.startswith("Question:"):
+        # Queries that already end in "Answer:" are not given a second one.
+        ctx = query.rstrip() if query.rstrip().endswith("Answer:") else query + "\nAnswer:"
+        return ctx, choice if choice.startswith(" ") else " " + choice
+    return query, choice
+
+
+def score_requests(
+    model, tokenizer, requests: Sequence[tuple[str, str]], device="cpu", batch_size: int = 32
+) -> list[tuple[float, bool]]:
+    """(sum log p(continuation | context), continuation is the greedy argmax) per request."""
+    device = torch.device(device)
+    T = model.config.seq_len
+    eos = tokenizer.eos_id
+    ctx_ids = tokenizer.encode_batch([c for c, _ in requests])
+    cont_ids = tokenizer.encode_batch([c for _, c in requests])
+    seqs, n_conts = [], []
+    for ctx, cont in zip(ctx_ids, cont_ids):
+        ctx = ctx or [eos]  # an empty context is conditioned on EOS (a document start)
+        if len(cont) > T:
+            logger.warning("continuation of %d tokens exceeds seq_len=%d; scoring its last %d", len(cont), T, T)
+        seq = (ctx + cont)[-(T + 1) :]
+        seqs.append(seq)
+        n_conts.append(min(len(cont), len(seq) - 1))
+    results: list[tuple[float, bool]] = [(0.0, True)] * len(seqs)
+    # Longest first, so each batch holds similar lengths and little padding.
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+    with _inference(model, device):
+        for b in range(0, len(order), batch_size):
+            idx = order[b : b + batch_size]
+            L = max(len(seqs[i]) for i in idx) - 1
+            if L <= 0:
+                continue
+            inp = torch.zeros((len(idx), L), dtype=torch.long)
+            tgt = torch.full((len(idx), L), -1, dtype=torch.long)
+            for row, i in enumerate(idx):
+                s, n = seqs[i], n_conts[i]
+                inp[row, : len(s) - 1] = torch.tensor(s[:-1])
+                if n:
+                    # Only continuation positions carry targets; context and padding stay -1.
+                    tgt[row, len(s) - 1 - n : len(s) - 1] = torch.tensor(s[-n:])
+            inp, tgt = _to_device(inp, device), _to_device(tgt, device)
+            logits, _ = model(inp)
+            ll = gather_logprobs(logits, tgt).sum(dim=1, dtype=torch.float64)
+            hit = ((logits.argmax(dim=-1) == tgt) | (tgt < 0)).all(dim=1)
+            for i, v, h in zip(idx, ll.tolist(), hit.tolist()):
+                results[i] = (float(v), bool(h))
+    return results
+
+
+def evaluate_task(
+    model, tokenizer, items: Sequence[dict], device="cpu", limit: int | None = None, batch_size: int = 32
+) -> dict:
+    """Score task items; returns {acc, acc_norm, gold_loss_per_byte, n}.
+
+    Multiple choice: acc uses the summed log-likelihood, acc_norm divides it by the
+    UTF-8 byte length of the choice. Cloze: acc (and acc_norm) is 1 when greedy
+    decoding reproduces the continuation. gold_loss_per_byte is the gold
+    continuation's NLL (nats) per UTF-8 byte of that continuation.
+    """
+    items = list(items)[:limit] if limit is not None else list(items)
+    if not items:
+        raise ValueError("evaluate_task got no items")
+    requests, spans = [], []
+    for item in items:
+        start = len(requests)
+        if "choices" in item:
+            requests.extend(mc_request(item["query"], c) for c in item["choices"])
+        else:
+            requests.append((item["context"], item["continuation"]))
+        spans.append((start, len(requests)))
+    scores = score_requests(model, tokenizer, requests, device=device, batch_size=batch_size)
+
+    acc, acc_norm, gold_lpb = [], [], []
+    for item, (a, b) in zip(items, spans):
+        lls = np.array([s[0] for s in scores[a:b]])
+        if "choices" in item:
+            gold = item["gold"]
+            choice_bytes = np.array([max(1, len(c.encode("utf-8"))) for c in item["choices"]])
+            acc.append(float(np.argmax(lls) == gold))
+            acc_norm.append(float(np.argmax(lls / choice_bytes) == gold))
+            gold_cont = requests[a + gold][1]
+            gold_lpb.append(-lls[gold] / max(1, len(gold_cont.encode("utf-8"))))
+        else:
+            greedy = float(scores[a][1])
+            acc.append(greedy)
+            acc_norm.append(greedy)
+            gold_lpb.append(-lls[0] / max(1, len(item["continuation"].encode("utf-8"))))
+    return {
+        "acc": float(np.mean(acc)),
+        "acc_norm": float(np.mean(acc_norm)),
+        "gold_loss_per_byte": float(np.mean(gold_lpb)),
+        "n": len(items),
+    }

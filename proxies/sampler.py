@@ -1,0 +1,116 @@
+"""Batches of training windows drawn from a weighted mixture of token-store clusters.
+
+Each row of a batch first picks a cluster with probability ``weights[c]``, then a
+uniformly random window of ``seq_len + 1`` tokens inside that cluster's token
+array; x is the first ``seq_len`` tokens and y the same window shifted by one.
+All randomness comes from a numpy Generator seeded by ``seed``, so a sampler is
+reproducible and independent of global RNG state.
+
+Usage::
+
+    from proxies.sampler import MixtureSampler
+    sampler = MixtureSampler(TokenStore("runs/x/tokens"), weights, seq_len=128,
+                             batch_size=16, seed=0, device="cuda")
+    x, y = sampler.next_batch()      # int64 [16, 128] on the device
+
+Tested by ``pytest tests/test_proxies_data.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from .tokens import TokenStore
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_SUM_TOL = 1e-6
+
+
+def validate_weights(weights, store: TokenStore, seq_len: int) -> np.ndarray:
+    """Check a mixture against the store; returns it as float64 renormalised to sum exactly 1."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1 or w.shape[0] != store.n_clusters:
+        raise ValueError(
+            f"mixture weights have shape {w.shape} but the token store has {store.n_clusters} clusters; "
+            f"pass one weight per cluster"
+        )
+    if not np.all(np.isfinite(w)):
+        raise ValueError(f"mixture weights contain NaN/inf at clusters {np.flatnonzero(~np.isfinite(w)).tolist()}")
+    if np.any(w < 0):
+        raise ValueError(
+            f"mixture weights are negative at clusters {np.flatnonzero(w < 0).tolist()}; weights must be >= 0"
+        )
+    total = float(w.sum())
+    if abs(total - 1.0) > WEIGHT_SUM_TOL:
+        raise ValueError(
+            f"mixture weights sum to {total:.8g}, not 1 (tolerance {WEIGHT_SUM_TOL}); normalise them (w / w.sum())"
+        )
+    too_short = [c for c in np.flatnonzero(w > 0) if store.tokens[c] < seq_len + 1]
+    if too_short:
+        c = int(too_short[0])
+        raise ValueError(
+            f"cluster {c} has weight {w[c]:.4g} but only {int(store.tokens[c])} tokens, fewer than "
+            f"seq_len+1={seq_len + 1}; give clusters {[int(i) for i in too_short]} zero weight"
+        )
+    # np.random.Generator.choice demands sum(p) == 1 to ~1e-8, tighter than our tolerance.
+    return w / total
+
+
+class MixtureSampler:
+    """Draws (x, y) int64 batches [batch_size, seq_len] from clusters mixed by ``weights``."""
+
+    def __init__(
+        self,
+        store: TokenStore,
+        weights: np.ndarray,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if seq_len <= 0 or batch_size <= 0:
+            raise ValueError(f"seq_len and batch_size must be positive, got {seq_len}, {batch_size}")
+        self.store = store
+        self.weights = validate_weights(weights, store, seq_len)
+        self.seq_len = int(seq_len)
+        self.batch_size = int(batch_size)
+        self.seed = seed
+        self.device = torch.device(device)
+        self.rng = np.random.default_rng(seed)
+        self._active = np.flatnonzero(self.weights > 0)
+        self._p = self.weights[self._active]
+        self._arrays = {int(c): store.array(int(c)) for c in self._active}
+        # Valid window starts are 0 .. n - seq_len - 1 inclusive.
+        self._n_starts = np.array([store.tokens[c] - self.seq_len for c in self._active], dtype=np.int64)
+        self._pin = self.device.type == "cuda"
+
+    @property
+    def tokens_per_batch(self) -> int:
+        return self.batch_size * self.seq_len
+
+    def sample_windows(self) -> tuple[np.ndarray, np.ndarray]:
+        """One batch of windows as int64 [batch_size, seq_len + 1] plus each row's cluster id."""
+        which = self.rng.choice(len(self._active), size=self.batch_size, p=self._p)
+        starts = self.rng.integers(0, self._n_starts[which])
+        buf = np.empty((self.batch_size, self.seq_len + 1), dtype=np.int64)
+        for row, (k, s) in enumerate(zip(which, starts)):
+            buf[row] = self._arrays[int(self._active[k])][s : s + self.seq_len + 1]
+        return buf, self._active[which]
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        buf, _ = self.sample_windows()
+        t = torch.from_numpy(buf)
+        if self._pin:
+            # A fresh pinned tensor per batch: reusing one buffer could be overwritten
+            # while the previous asynchronous copy is still reading it.
+            t = t.pin_memory()
+        t = t.to(self.device, non_blocking=self._pin)
+        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+    def __iter__(self):
+        while True:
+            yield self.next_batch()

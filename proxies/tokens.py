@@ -1,0 +1,272 @@
+"""Per-cluster token stores: tokenize a corpus once, then memory-map it for proxy training.
+
+Layout under ``out_dir``::
+
+    parts/{shard}/cluster_00003.bin   raw token ids of the shard's docs in cluster 3
+    parts/{shard}/done.json           shard stats; written last, so its presence means complete
+    cluster_00003.bin                 all shards' parts concatenated in the given order
+    index.json                        {dtype, n_clusters, tokens, bytes, docs, shards}; written last
+
+Every document is tokenized with EOS appended, so documents inside a cluster file
+are separated by EOS exactly as in the proxies' training stream.  ``bytes`` counts
+the UTF-8 bytes of the source text, so bits-per-byte style statistics are possible.
+
+Usage::
+
+    from proxies.tokens import write_shard_tokens, merge_token_stores, TokenStore
+    write_shard_tokens(texts, cluster_ids, tok, "runs/x/tokens", "shard-000")   # per shard, any process
+    merge_token_stores("runs/x/tokens", ["shard-000", "shard-001"], n_clusters=64)
+    store = TokenStore("runs/x/tokens"); store.array(3)  # np.memmap
+
+Tested by ``pytest tests/test_proxies_data.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+_ENCODE_BATCH = 1024
+# Buffered tokens before appending to the part files, bounding memory per shard.
+_FLUSH_TOKENS = 1 << 24
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.uint32)
+
+
+def _cluster_file(directory: Path, c: int) -> Path:
+    return directory / f"cluster_{c:05d}.bin"
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_path(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _load_shard_stats(done: Path) -> dict:
+    with open(done) as f:
+        stats = json.load(f)
+    # JSON object keys are strings; callers index by int cluster id.
+    for key in ("tokens_per_cluster", "bytes_per_cluster", "docs_per_cluster"):
+        stats[key] = {int(k): int(v) for k, v in stats.get(key, {}).items()}
+    return stats
+
+
+def write_shard_tokens(
+    texts: Sequence[str],
+    clusters: Sequence[int] | np.ndarray,
+    tokenizer,
+    out_dir: str | Path,
+    shard_name: str,
+) -> dict:
+    """Tokenize one shard's docs (EOS appended) into per-cluster part files.
+
+    Returns {docs, tokens, tokens_per_cluster, bytes_per_cluster, docs_per_cluster, dtype}.
+    If the shard's done.json already exists nothing is recomputed and its stats are returned.
+    """
+    part_dir = Path(out_dir) / "parts" / shard_name
+    done = part_dir / "done.json"
+    if done.exists():
+        logger.info("shard %s already tokenized (%s); skipping", shard_name, done)
+        return _load_shard_stats(done)
+
+    clusters = np.asarray(clusters)
+    if len(texts) != len(clusters):
+        raise ValueError(
+            f"shard {shard_name}: {len(texts)} texts but {len(clusters)} cluster ids; "
+            "pass one cluster id per text"
+        )
+    if len(clusters) and (not np.issubdtype(clusters.dtype, np.integer) or clusters.min() < 0):
+        raise ValueError(f"shard {shard_name}: cluster ids must be non-negative integers")
+    dtype = token_dtype(tokenizer.vocab_size)
+    eos = tokenizer.eos_id
+
+    part_dir.mkdir(parents=True, exist_ok=True)
+    # A crashed earlier attempt may have left partial part files; they are appended to below.
+    for stale in part_dir.glob("cluster_*.bin"):
+        stale.unlink()
+
+    tokens: dict[int, int] = {}
+    nbytes: dict[int, int] = {}
+    ndocs: dict[int, int] = {}
+    buffers: dict[int, list[np.ndarray]] = {}
+    buffered = 0
+    doc_tokens = np.empty(len(texts), dtype=np.int64)
+
+    def flush() -> None:
+        for c, chunks in buffers.items():
+            with open(_cluster_file(part_dir, c), "ab") as f:
+                np.concatenate(chunks).tofile(f)
+        buffers.clear()
+
+    for start in range(0, len(texts), _ENCODE_BATCH):
+        batch = [str(t) for t in texts[start : start + _ENCODE_BATCH]]
+        encoded = tokenizer.encode_batch(batch)
+        for j, (text, ids, c) in enumerate(zip(batch, encoded, clusters[start : start + _ENCODE_BATCH])):
+            c = int(c)
+            arr = np.empty(len(ids) + 1, dtype=dtype)
+            arr[:-1] = ids
+            arr[-1] = eos
+            buffers.setdefault(c, []).append(arr)
+            doc_tokens[start + j] = arr.size
+            tokens[c] = tokens.get(c, 0) + arr.size
+            nbytes[c] = nbytes.get(c, 0) + len(text.encode("utf-8"))
+            ndocs[c] = ndocs.get(c, 0) + 1
+            buffered += arr.size
+        if buffered >= _FLUSH_TOKENS:
+            flush()
+            buffered = 0
+    flush()
+    for c in tokens:
+        _fsync_path(_cluster_file(part_dir, c))
+    # Per-document token counts (EOS included), in input order: export budgets by them.
+    np.save(part_dir / "doc_tokens.npy", doc_tokens)
+
+    stats = {
+        "docs": int(len(texts)),
+        "tokens": int(sum(tokens.values())),
+        "tokens_per_cluster": dict(sorted(tokens.items())),
+        "bytes_per_cluster": dict(sorted(nbytes.items())),
+        "docs_per_cluster": dict(sorted(ndocs.items())),
+        "dtype": dtype.name,
+    }
+    _write_json_atomic(done, stats)
+    logger.info("shard %s: %d docs, %d tokens in %d clusters", shard_name, stats["docs"], stats["tokens"], len(tokens))
+    return stats
+
+
+def merge_token_stores(out_dir: str | Path, shard_names: Sequence[str], n_clusters: int) -> dict:
+    """Concatenate shard parts (in ``shard_names`` order) into one file per cluster.
+
+    Writes ``index.json`` last and atomically; returns its content. If an index for the
+    same shard list and n_clusters already exists, returns it without rewriting.
+    """
+    out_dir = Path(out_dir)
+    shard_names = list(shard_names)
+    index_path = out_dir / "index.json"
+    if index_path.exists():
+        with open(index_path) as f:
+            index = json.load(f)
+        if index.get("shards") == shard_names and index.get("n_clusters") == n_clusters:
+            logger.info("token store %s already merged; skipping", out_dir)
+            return index
+        index_path.unlink()  # stale: remove first so a crash below leaves no valid-looking index
+
+    shard_stats = []
+    for name in shard_names:
+        done = out_dir / "parts" / name / "done.json"
+        if not done.exists():
+            raise FileNotFoundError(
+                f"shard {name} is not tokenized ({done} missing); run write_shard_tokens for it first"
+            )
+        stats = _load_shard_stats(done)
+        bad = [c for c in stats["tokens_per_cluster"] if c >= n_clusters]
+        if bad:
+            raise ValueError(f"shard {name} has cluster ids {bad[:5]} >= n_clusters={n_clusters}")
+        shard_stats.append(stats)
+    dtypes = {s["dtype"] for s in shard_stats}
+    if len(dtypes) > 1:
+        raise ValueError(f"shards were tokenized with different dtypes {sorted(dtypes)}; retokenize with one tokenizer")
+    dtype = np.dtype(dtypes.pop() if dtypes else "uint16")
+
+    tokens, nbytes, ndocs = [0] * n_clusters, [0] * n_clusters, [0] * n_clusters
+    for c in range(n_clusters):
+        dst = _cluster_file(out_dir, c)
+        tmp = dst.with_name(dst.name + ".tmp")
+        with open(tmp, "wb") as out:
+            for name, stats in zip(shard_names, shard_stats):
+                n = stats["tokens_per_cluster"].get(c, 0)
+                if n == 0:
+                    continue
+                src = _cluster_file(out_dir / "parts" / name, c)
+                if src.stat().st_size != n * dtype.itemsize:
+                    raise ValueError(
+                        f"{src} has {src.stat().st_size} bytes, expected {n * dtype.itemsize}; "
+                        f"delete {src.parent} and re-run write_shard_tokens for shard {name}"
+                    )
+                with open(src, "rb") as f:
+                    shutil.copyfileobj(f, out, length=1 << 22)
+                tokens[c] += n
+                nbytes[c] += stats["bytes_per_cluster"].get(c, 0)
+                ndocs[c] += stats["docs_per_cluster"].get(c, 0)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, dst)
+
+    index = {
+        "dtype": dtype.name,
+        "n_clusters": n_clusters,
+        "tokens": tokens,
+        "bytes": nbytes,
+        "docs": ndocs,
+        "shards": shard_names,
+    }
+    _write_json_atomic(index_path, index)
+    logger.info("merged %d shards into %s: %d tokens", len(shard_names), out_dir, sum(tokens))
+    return index
+
+
+class TokenStore:
+    """Read-only view of a merged token store; cluster arrays are memory-mapped lazily."""
+
+    def __init__(self, out_dir: str | Path) -> None:
+        self.path = Path(out_dir)
+        index_path = self.path / "index.json"
+        if not index_path.exists():
+            raise FileNotFoundError(
+                f"{index_path} not found; build the store with write_shard_tokens + merge_token_stores"
+            )
+        with open(index_path) as f:
+            self.index = json.load(f)
+        self.dtype = np.dtype(self.index["dtype"])
+        self.n_clusters = int(self.index["n_clusters"])
+        self.tokens = np.asarray(self.index["tokens"], dtype=np.int64)
+        self.bytes = np.asarray(self.index["bytes"], dtype=np.int64)
+        self._maps: dict[int, np.ndarray] = {}
+
+    def array(self, c: int) -> np.ndarray:
+        """Token ids of cluster c as a read-only np.memmap (an empty array if the cluster is empty)."""
+        if not 0 <= c < self.n_clusters:
+            raise IndexError(f"cluster {c} out of range [0, {self.n_clusters})")
+        if c not in self._maps:
+            n = int(self.tokens[c])
+            if n == 0:
+                # np.memmap cannot map a zero-length file.
+                self._maps[c] = np.empty(0, dtype=self.dtype)
+            else:
+                path = _cluster_file(self.path, c)
+                if path.stat().st_size != n * self.dtype.itemsize:
+                    raise ValueError(f"{path} size does not match index.json; re-run merge_token_stores")
+                self._maps[c] = np.memmap(path, dtype=self.dtype, mode="r", shape=(n,))
+        return self._maps[c]
+
+    def token_shares(self) -> np.ndarray:
+        """Fraction of all tokens in each cluster (the 'natural' mixture)."""
+        total = self.tokens.sum()
+        if total == 0:
+            raise ValueError(f"token store {self.path} is empty")
+        return self.tokens / total
+
+    def __len__(self) -> int:
+        return self.n_clusters
+
+    def __repr__(self) -> str:
+        return f"TokenStore({str(self.path)!r}, n_clusters={self.n_clusters}, tokens={int(self.tokens.sum())})"

@@ -1,0 +1,182 @@
+"""Train one proxy GPT on batches from a MixtureSampler.
+
+AdamW (fused on CUDA) with decoupled weight decay on matrices only, linear warmup
+followed by cosine or warmup-stable-decay (WSD) learning-rate schedule, gradient
+clipping, bf16 autocast on CUDA. All torch randomness (init, dropout) runs inside
+``torch.random.fork_rng`` seeded by ``seed``, so the caller's global RNG is untouched
+and a CPU run is bit-for-bit reproducible given the seed and a fresh sampler.
+
+Usage::
+
+    from proxies.train import TrainConfig, train
+    model, stats = train(GPTConfig(vocab_size=tok.vocab_size), TrainConfig(steps=500),
+                         sampler, seed=0, device="cuda")
+    stats["final_loss"], stats["tokens_per_s"]
+
+If ``train_cfg.batch_size`` is a multiple of ``sampler.batch_size``, gradients are
+accumulated over micro-batches (to fit memory). Tested by ``pytest tests/test_proxies_model.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .model import GPT, GPTConfig
+from .sampler import MixtureSampler
+
+logger = logging.getLogger(__name__)
+
+SCHEDULES = ("cosine", "wsd")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 200
+    batch_size: int = 16
+    lr: float = 3e-3
+    # Final learning rate as a fraction of lr (both schedules decay to lr * min_lr_ratio).
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    schedule: str = "cosine"  # or "wsd" (warmup-stable-decay, decay over last decay_frac)
+    decay_frac: float = 0.2
+    weight_decay: float = 0.1
+    betas: tuple = (0.9, 0.95)
+    grad_clip: float = 1.0
+    log_every: int = 50
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"TrainConfig.schedule={self.schedule!r}; choose one of {SCHEDULES}")
+        if self.steps <= 0 or self.batch_size <= 0:
+            raise ValueError(f"TrainConfig needs positive steps and batch_size, got {self.steps}, {self.batch_size}")
+        if not 0.0 < self.decay_frac <= 1.0:
+            raise ValueError(f"TrainConfig.decay_frac must be in (0, 1], got {self.decay_frac}")
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate for 0-based ``step``; the last step (steps-1) gets exactly lr * min_lr_ratio."""
+    min_lr = cfg.lr * cfg.min_lr_ratio
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    last = cfg.steps - 1
+    if cfg.schedule == "cosine":
+        span = max(1, last - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - min_lr)
+    # WSD: constant until the decay window, then linear down to min_lr on the last step.
+    decay_steps = max(1, round(cfg.decay_frac * cfg.steps))
+    decay_start = cfg.steps - decay_steps
+    if step < decay_start:
+        return cfg.lr
+    progress = min(1.0, (step - decay_start + 1) / decay_steps)
+    return cfg.lr + progress * (min_lr - cfg.lr)
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    # Decay only matrices (linear weights, embeddings); biases and LayerNorm gains are left alone.
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def train(
+    model_cfg: GPTConfig,
+    train_cfg: TrainConfig,
+    sampler: MixtureSampler,
+    seed: int,
+    device: str | torch.device = "cpu",
+) -> tuple[GPT, dict]:
+    """Train a fresh GPT; returns (model in eval mode, stats).
+
+    stats: steps, tokens, seconds, tokens_per_s, final_loss (mean of the last 10% of
+    step losses), losses (one per step), num_params, finite (False if the loss diverged).
+    """
+    device = torch.device(device)
+    if sampler.seq_len > model_cfg.seq_len:
+        raise ValueError(
+            f"sampler.seq_len={sampler.seq_len} exceeds model seq_len={model_cfg.seq_len}; "
+            "build the sampler with seq_len=model_cfg.seq_len"
+        )
+    if train_cfg.batch_size % sampler.batch_size != 0:
+        raise ValueError(
+            f"train_cfg.batch_size={train_cfg.batch_size} is not a multiple of sampler.batch_size="
+            f"{sampler.batch_size}; build the sampler with batch_size=train_cfg.batch_size"
+        )
+    accum = train_cfg.batch_size // sampler.batch_size
+    cuda = device.type == "cuda"
+    autocast = (
+        torch.autocast(device_type="cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
+    )
+    fork_devices = [device.index if device.index is not None else torch.cuda.current_device()] if cuda else []
+
+    with torch.random.fork_rng(devices=fork_devices):
+        torch.manual_seed(seed)
+        model = GPT(model_cfg).to(device)
+        model.train()
+        opt_kwargs = {"fused": True} if cuda else {}
+        optimizer = torch.optim.AdamW(
+            _param_groups(model, train_cfg.weight_decay),
+            lr=lr_at(0, train_cfg),
+            betas=tuple(train_cfg.betas),
+            **opt_kwargs,
+        )
+        # Losses stay on the device and are read back only at log points, so CUDA
+        # steps are not serialised by a host sync every step.
+        losses = torch.zeros(train_cfg.steps, device=device)
+        tokens_per_step = train_cfg.batch_size * sampler.seq_len
+        t0 = last_t = time.perf_counter()
+        last_step = 0
+        for step in range(train_cfg.steps):
+            lr = lr_at(step, train_cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            step_loss = torch.zeros((), device=device)
+            for _ in range(accum):
+                x, y = sampler.next_batch()
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # no-op if already there
+                with autocast:
+                    _, loss = model(x, y)
+                (loss / accum).backward()
+                step_loss += loss.detach() / accum
+            if train_cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses[step] = step_loss
+            if train_cfg.log_every > 0 and ((step + 1) % train_cfg.log_every == 0 or step + 1 == train_cfg.steps):
+                current = losses[step].item()  # syncs the device, so the timing below is real
+                now = time.perf_counter()
+                tps = (step + 1 - last_step) * tokens_per_step / max(now - last_t, 1e-9)
+                logger.info(
+                    "step %d/%d loss %.4f lr %.2e %.0f tok/s", step + 1, train_cfg.steps, current, lr, tps
+                )
+                last_t, last_step = now, step + 1
+        loss_list = losses.tolist()
+        seconds = time.perf_counter() - t0
+
+    tail = max(1, math.ceil(0.1 * train_cfg.steps))
+    final_loss = float(sum(loss_list[-tail:]) / tail)
+    finite = all(math.isfinite(v) for v in loss_list)
+    if not finite:
+        logger.warning("training diverged: non-finite loss (final_loss=%s)", final_loss)
+    model.eval()
+    tokens = train_cfg.steps * tokens_per_step
+    stats = {
+        "steps": train_cfg.steps,
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "final_loss": final_loss,
+        "losses": loss_list,
+        "num_params": model.num_params(),
+        "finite": finite,
+    }
+    return model, stats

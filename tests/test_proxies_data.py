@@ -1,0 +1,205 @@
+"""Tests for proxies.tokenizer, proxies.tokens and proxies.sampler.
+
+Run: PYTHONPATH=. python -m pytest tests/test_proxies_data.py -q
+"""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from proxies.sampler import MixtureSampler
+from proxies.tokenizer import EOS_TOKEN, load_tokenizer, train_bpe
+from proxies.tokens import TokenStore, merge_token_stores, write_shard_tokens
+
+CORPUS = [
+    "Hello world, this is a small corpus for byte-level BPE.",
+    "Tokenizers should round-trip any text: naïve café, Straße, 東京, emoji 🙂🚀.",
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "def f(x):\n    return x * 2  # code\n\ttabs and  double  spaces",
+] * 5
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return train_bpe(iter(CORPUS), 300, tmp_path_factory.mktemp("tok") / "tokenizer.json")
+
+
+def test_tokenizer_roundtrip_vocab_and_eos(tok, tmp_path):
+    assert tok.vocab_size % 64 == 0 and tok.vocab_size >= tok.raw_vocab_size
+    assert tok.encode(EOS_TOKEN) == [tok.eos_id]
+    unseen = "Ünïcödé never seen: Ж ק ✓ 𝔘 \x00 \r\n end"
+    for text in CORPUS[:4] + [unseen, ""]:
+        assert tok.decode(tok.encode(text)) == text
+    assert tok.encode_batch([CORPUS[0], unseen]) == [tok.encode(CORPUS[0]), tok.encode(unseen)]
+    # Merges were learned: the repeated sentence compresses below one token per byte.
+    assert len(tok.encode(CORPUS[2])) < 0.5 * len(CORPUS[2].encode())
+
+    tok.save(tmp_path)  # a directory gets tokenizer.json inside
+    again = load_tokenizer(tmp_path)
+    assert again.encode(unseen) == tok.encode(unseen)
+    assert (again.vocab_size, again.eos_id) == (tok.vocab_size, tok.eos_id)
+
+
+def test_load_tokenizer_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="train_bpe"):
+        load_tokenizer(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json"):
+        load_tokenizer(bad)
+    tk = tmp_path / "x.tiktoken"
+    tk.write_text("")
+    try:
+        import tiktoken  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="tiktoken"):
+            load_tokenizer(tk)
+    with pytest.raises(ValueError, match="vocab_size"):
+        train_bpe(["abc"], 100, tmp_path / "small.json")
+
+
+def _docs():
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "ünï", "東京", "fox", "dog"]
+    texts = [" ".join(rng.choice(words, size=rng.integers(1, 12))) for _ in range(40)]
+    clusters = rng.integers(0, 4, size=40)
+    clusters[clusters == 2] = 3  # leave cluster 2 empty
+    return texts, clusters
+
+
+def test_token_store_write_merge_and_skip(tok, tmp_path):
+    texts, clusters = _docs()
+    out = tmp_path / "tokens"
+    s0 = write_shard_tokens(texts[:25], clusters[:25], tok, out, "s0")
+    s1 = write_shard_tokens(texts[25:], clusters[25:], tok, out, "s1")
+    assert s0["docs"] == 25 and s1["docs"] == 15
+    assert s0["tokens"] == sum(len(tok.encode(t)) + 1 for t in texts[:25])
+    assert (out / "parts" / "s0" / "done.json").exists()
+
+    index = merge_token_stores(out, ["s0", "s1"], n_clusters=4)
+    store = TokenStore(out)
+    assert store.n_clusters == 4
+    for c in range(4):
+        docs = [i for i in range(40) if clusters[i] == c]  # shard order == doc order here
+        expected = [t for i in docs for t in tok.encode(texts[i]) + [tok.eos_id]]
+        assert store.tokens[c] == len(expected) == index["tokens"][c]
+        arr = store.array(c)
+        assert arr.dtype == np.uint16 and arr.tolist() == expected
+        assert index["bytes"][c] == sum(len(texts[i].encode()) for i in docs)
+        if c != 2:
+            assert isinstance(arr, np.memmap)
+    assert store.tokens[2] == 0 and store.array(2).size == 0
+    assert store.tokens.sum() == s0["tokens"] + s1["tokens"]
+    np.testing.assert_allclose(store.token_shares().sum(), 1.0)
+
+    # Rerun skips: a done shard is not re-tokenized even if given other inputs.
+    again = write_shard_tokens(["different"], [0], tok, out, "s0")
+    assert again == s0
+    before = (out / "cluster_00000.bin").read_bytes()
+    assert merge_token_stores(out, ["s0", "s1"], 4) == json.loads((out / "index.json").read_text())
+    assert (out / "cluster_00000.bin").read_bytes() == before
+    # Different shard order re-merges deterministically in that order.
+    merge_token_stores(out, ["s1", "s0"], 4)
+    docs = [i for i in list(range(25, 40)) + list(range(25)) if clusters[i] == 0]
+    assert TokenStore(out).array(0).tolist() == [t for i in docs for t in tok.encode(texts[i]) + [tok.eos_id]]
+
+
+def test_token_store_errors(tok, tmp_path):
+    with pytest.raises(ValueError, match="cluster id"):
+        write_shard_tokens(["a", "b"], [0], tok, tmp_path, "s")
+    with pytest.raises(FileNotFoundError, match="write_shard_tokens"):
+        merge_token_stores(tmp_path, ["nope"], 2)
+    write_shard_tokens(["a b c"], [5], tok, tmp_path, "s5")
+    with pytest.raises(ValueError, match="n_clusters"):
+        merge_token_stores(tmp_path, ["s5"], 2)
+    with pytest.raises(FileNotFoundError, match="merge_token_stores"):
+        TokenStore(tmp_path / "empty")
+
+
+class _IdTok:
+    """Tokenizer stand-in: each text is a space-separated list of token ids."""
+
+    vocab_size = 1024
+    eos_id = 0
+
+    def encode_batch(self, texts):
+        return [[int(w) for w in t.split()] for t in texts]
+
+
+@pytest.fixture
+def labelled_store(tmp_path):
+    # Cluster c holds only token ids in [100c + 1, 100c + 99], so every window
+    # (eos=0 aside) reveals its cluster. Cluster 3 (3 tokens) is too short to sample;
+    # cluster 4 has exactly 18 tokens, i.e. two windows of seq_len=16 (+1).
+    rng = np.random.default_rng(1)
+    texts, clusters = [], []
+    for c, n_docs, size in [(0, 20, 30), (1, 20, 30), (2, 20, 30), (3, 1, 2), (4, 1, 17)]:
+        for _ in range(n_docs):
+            texts.append(" ".join(str(v) for v in rng.integers(100 * c + 1, 100 * c + 100, size=size)))
+            clusters.append(c)
+    write_shard_tokens(texts, clusters, _IdTok(), tmp_path, "s")
+    merge_token_stores(tmp_path, ["s"], 5)
+    return TokenStore(tmp_path)
+
+
+def _row_cluster(row: torch.Tensor) -> int:
+    ids = set(row[row > 0].div(100, rounding_mode="floor").tolist())
+    assert len(ids) == 1, "a window must not mix clusters"
+    return ids.pop()
+
+
+def test_sampler_mixture_and_determinism(labelled_store):
+    w = np.array([0.9, 0.1, 0.0, 0.0, 0.0])
+    s = MixtureSampler(labelled_store, w, seq_len=16, batch_size=50, seed=7)
+    rows = []
+    for _ in range(20):
+        x, y = s.next_batch()
+        assert x.shape == y.shape == (50, 16) and x.dtype == y.dtype == torch.int64
+        assert torch.equal(x[:, 1:], y[:, :-1])
+        rows.extend(_row_cluster(torch.cat([r, yr[-1:]])) for r, yr in zip(x, y))
+    counts = np.bincount(rows, minlength=5)
+    assert counts[2] == counts[3] == counts[4] == 0
+    assert 0.86 < counts[0] / len(rows) < 0.94
+
+    a = MixtureSampler(labelled_store, w, 16, 8, seed=3)
+    b = MixtureSampler(labelled_store, w, 16, 8, seed=3)
+    c = MixtureSampler(labelled_store, w, 16, 8, seed=4)
+    batches_a = [a.next_batch() for _ in range(3)]
+    batches_b = [b.next_batch() for _ in range(3)]
+    assert all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1]) for p, q in zip(batches_a, batches_b))
+    assert not torch.equal(batches_a[0][0], c.next_batch()[0])
+
+
+def test_sampler_windows_cover_whole_cluster(labelled_store):
+    # Cluster 4 has 18 tokens: exactly two windows, and both (incl. the one ending at
+    # the final token) must be drawn; no window may run past the end.
+    s = MixtureSampler(labelled_store, np.array([0, 0, 0, 0, 1.0]), seq_len=16, batch_size=64, seed=0)
+    arr = torch.from_numpy(labelled_store.array(4).astype(np.int64))
+    assert arr.numel() == 18
+    x, y = s.next_batch()
+    starts = {next(i for i in range(2) if torch.equal(row, arr[i : i + 16])) for row in x}
+    assert starts == {0, 1}
+    assert any(torch.equal(row, arr[2:]) for row in y)
+
+
+@pytest.mark.parametrize(
+    "weights, match",
+    [
+        ([0.5, 0.5, 0.0], "5 clusters"),
+        ([0.5, 0.6, 0.0, 0.0, 0.0], "sum to"),
+        ([1.2, -0.2, 0.0, 0.0, 0.0], "negative"),
+        ([np.nan, 1.0, 0.0, 0.0, 0.0], "NaN"),
+        ([0.5, 0.0, 0.0, 0.5, 0.0], "cluster 3"),
+    ],
+)
+def test_sampler_rejects_bad_weights(labelled_store, weights, match):
+    with pytest.raises(ValueError, match=match):
+        MixtureSampler(labelled_store, np.array(weights), seq_len=16, batch_size=4, seed=0)
+
+
+def test_sampler_accepts_tiny_rounding(labelled_store):
+    s = MixtureSampler(labelled_store, np.array([0.7, 0.3 + 5e-7, 0, 0, 0]), seq_len=16, batch_size=4, seed=0)
+    assert s.weights.sum() == pytest.approx(1.0, abs=1e-12)
+    s.next_batch()
