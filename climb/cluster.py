@@ -29,7 +29,7 @@ from .embed import load_embeddings, load_ids, shard_files, shard_name
 from .executor import make_executor
 from .io import InputError, read_documents, read_json, write_json, write_parquet
 from .kmeans import assign, train_kmeans
-from .stage import RunPaths, finish, is_done, skipped, stage_key, upstream_hash
+from .stage import RunPaths, begin, finish, is_done, skipped, stage_key, upstream_hash
 
 log = logging.getLogger(__name__)
 SNIPPET = 240
@@ -98,11 +98,12 @@ def plan_clusters(cfg: ClusterConfig, centroids: np.ndarray, counts: np.ndarray)
     kept = np.flatnonzero(keep)
     if len(kept) == 0:
         raise InputError(f"every cluster is smaller than cluster.min_cluster_size={cfg.min_cluster_size}; lower it")
-    if (cfg.merge_to and cfg.merge_to < len(kept)) or cfg.merge_threshold > 0:
+    by_count = bool(cfg.merge_to) and cfg.merge_to < len(kept)
+    if by_count or cfg.merge_threshold > 0:
         from sklearn.cluster import AgglomerativeClustering
         agg = AgglomerativeClustering(
-            n_clusters=cfg.merge_to if cfg.merge_to else None,
-            distance_threshold=None if cfg.merge_to else cfg.merge_threshold,
+            n_clusters=cfg.merge_to if by_count else None,
+            distance_threshold=None if by_count else cfg.merge_threshold,
             metric="cosine", linkage="average")
         labels = agg.fit_predict(centroids[kept]) if len(kept) > 1 else np.zeros(1, int)
     else:
@@ -192,7 +193,7 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
         return skipped(paths, "cluster")
     t0 = time.time()
     kc = cfg.cluster
-    emb_dir, out = paths.root / "embed", paths.stage("cluster")
+    emb_dir, out = paths.root / "embed", begin(paths, "cluster", key)
     names = read_json(paths.manifest("embed"))["stats"]["shards"]
     files = {shard_name(f): f for f in paths.corpus_files(cfg)}
     embs = load_embeddings(emb_dir, names)

@@ -187,6 +187,8 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         return dict(value)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp in (int, float) and isinstance(value, bool):
+        raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
     if tp in (int, float, str, bool) and not isinstance(value, tp):
         raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
     return value
@@ -266,11 +268,11 @@ def to_toml(cfg: RunConfig) -> str:
         if isinstance(v, (int, float)):
             return repr(v)
         if isinstance(v, str):
-            return json.dumps(v)
+            return json.dumps(v, ensure_ascii=False)
         if isinstance(v, (list, tuple)):
             return "[" + ", ".join(val(x) for x in v) + "]"
         if isinstance(v, dict):
-            return "{" + ", ".join(f"{json.dumps(k)} = {val(x)}" for k, x in v.items()) + "}"
+            return "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)} = {val(x)}" for k, x in v.items()) + "}"
         raise TypeError(v)
 
     d = to_dict(cfg)

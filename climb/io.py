@@ -122,6 +122,9 @@ def _iter_jsonl(path: Path, columns: list[str], batch_rows: int,
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}:{lineno}: not valid JSON ({e.msg}); "
                                  "each line must be one JSON object") from e
+            if not isinstance(rec, dict):
+                raise InputError(f"{path}:{lineno}: a JSON {type(rec).__name__}, not an object; "
+                                 "each line must be one JSON object")
             for c in columns:
                 buf[c].append(rec.get(c))
             if len(buf[columns[0]]) >= batch_rows:
@@ -190,9 +193,19 @@ def read_documents(path: Path, text_column: str = "text", id_column: str = "id",
                              f"set corpus.text_column to the field holding the text")
         if skipped:
             yield DocBatch([], [], {c: [] for c in extra_columns}, Counter(skipped))
-    except (pa.ArrowInvalid, OSError, EOFError) as e:
+    except _read_errors() as e:
         raise InputError(f"{path}: cannot read ({e}); is it a complete, uncorrupted "
                          f"{kind} file? Remove or re-create it") from e
+
+
+def _read_errors() -> tuple:
+    errors: tuple = (pa.ArrowInvalid, OSError, EOFError)
+    try:
+        import zstandard
+        errors += (zstandard.ZstdError,)
+    except ImportError:
+        pass
+    return errors
 
 
 def count_bytes(texts: Sequence[str]) -> int:

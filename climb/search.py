@@ -34,7 +34,7 @@ from .embed import shard_name
 from .executor import make_executor
 from .io import InputError, read_documents, read_json, write_json
 from .proxy import train_and_score
-from .stage import RunPaths, finish, is_done, skipped, stage_key, upstream_hash
+from .stage import RunPaths, begin, finish, is_done, skipped, stage_key, upstream_hash
 
 log = logging.getLogger(__name__)
 
@@ -208,11 +208,7 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
     if is_done(paths, "search", key):
         return skipped(paths, "search")
     t0 = time.time()
-    sdir = paths.stage("search")
-    state_file = sdir / "state.json"
-    if state_file.exists() and read_json(state_file).get("hash") != key:
-        raise InputError(f"{sdir} holds a search with a different config; move it away or use another --run folder")
-    write_json(state_file, {"hash": key})
+    sdir = begin(paths, "search", key, keep_on_change=True)
     sc = cfg.search
     with make_executor(cfg.executor) as ex:
         space = mixture_space(cfg, prepare(cfg, paths, ex)["tokens"])

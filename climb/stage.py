@@ -62,6 +62,29 @@ def is_done(paths: RunPaths, stage: str, key: str) -> bool:
         return False
 
 
+def begin(paths: RunPaths, stage: str, key: str, keep_on_change: bool = False) -> Path:
+    """Start (or resume) a stage. Task outputs left by a run with another config
+    are stale: they are removed, or, for a stage too costly to lose (the search),
+    moved aside to `<stage>.prev-<time>`."""
+    import shutil
+    d = paths.stage(stage)
+    state = d / "state.json"
+    if state.exists() and read_json(state).get("hash") != key:
+        if keep_on_change:
+            old = d.with_name(f"{stage}.prev-{time.strftime('%Y%m%d-%H%M%S')}")
+            log.warning("%s: config or inputs changed; previous results moved to %s", stage, old)
+            d.rename(old)
+        else:
+            log.info("%s: config or inputs changed; removing the previous outputs in %s", stage, d)
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+    elif not state.exists() and any(d.iterdir()):
+        for child in d.iterdir():  # outputs of unknown provenance: do not resume from them
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    write_json(state, {"hash": key})
+    return d
+
+
 def finish(paths: RunPaths, stage: str, key: str, stats: dict, started: float) -> dict:
     stats = dict(stats, seconds=round(time.time() - started, 3))
     write_json(paths.manifest(stage), {"stage": stage, "hash": key, "stats": stats,

@@ -1,0 +1,142 @@
+"""Shared fixtures: an offline, single-threaded environment and a fake embedding model.
+
+Nothing here downloads or loads a real model. `fake_model` replaces
+`climb.embed.load_model` with `FakeModel`, a deterministic hashed bag of words
+(documents drawn from one vocabulary land close together, different vocabularies
+are nearly orthogonal), so embed/cluster stage tests run in a second.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import sys
+import tempfile
+import zlib
+
+# Before anything imports huggingface_hub / torch / faiss.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+_HF_HOME = tempfile.mkdtemp(prefix="climb-test-hf-")
+os.environ["HF_HOME"] = _HF_HOME
+atexit.register(shutil.rmtree, _HF_HOME, ignore_errors=True)
+# 2 shared cores: torch (when it initialises) and faiss' OpenMP use one thread.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import pytest  # noqa: E402
+
+
+def _limit_torch_threads() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _single_thread_torch():
+    _limit_torch_threads()
+    yield
+    _limit_torch_threads()
+
+
+# --------------------------------------------------------------------------- fake model
+
+WORD = re.compile(r"[a-z]+")
+
+
+class FakeModel:
+    """Stands in for a SentenceTransformer: hashed bag-of-words, L2-normalised."""
+
+    dim = 64
+
+    def __init__(self):
+        self.calls = 0
+        self.texts_seen = 0
+
+    def get_sentence_embedding_dimension(self) -> int:
+        return self.dim
+
+    def encode(self, texts, batch_size=32, normalize_embeddings=False, convert_to_numpy=True,
+               show_progress_bar=False):
+        self.calls += 1
+        self.texts_seen += len(texts)
+        out = np.zeros((len(texts), self.dim), np.float32)
+        for i, t in enumerate(texts):
+            for w in WORD.findall(t.lower()):
+                out[i, zlib.crc32(w.encode()) % self.dim] += 1.0
+            if not out[i].any():
+                out[i, 0] = 1.0
+        if normalize_embeddings:
+            out /= np.linalg.norm(out, axis=1, keepdims=True)
+        return out
+
+
+@pytest.fixture
+def fake_model(monkeypatch):
+    """Patch climb.embed.load_model; returns the FakeModel instance used."""
+    import climb.embed
+
+    model = FakeModel()
+    monkeypatch.setattr(climb.embed, "load_model", lambda cfg: model)
+    return model
+
+
+# --------------------------------------------------------------------------- corpora
+
+# Three vocabularies with no English stop words and no shared words (top TF-IDF
+# terms of a cluster must come from exactly one of them).
+VOCABS = {
+    "sea": ["ocean", "whale", "coral", "tide", "reef", "salt", "wave", "harbor", "dolphin", "seaweed"],
+    "code": ["python", "compiler", "function", "variable", "integer", "pointer", "thread", "kernel",
+             "bytecode", "debugger"],
+    "food": ["bread", "cheese", "butter", "tomato", "garlic", "pepper", "onion", "basil", "noodle",
+             "pastry"],
+}
+
+
+def vocab_docs(n_per_vocab: int, seed: int = 0, vocabs: dict | None = None) -> list[dict]:
+    """Documents of 12-24 words, each from one vocabulary; dicts with id, text, label."""
+    vocabs = vocabs or VOCABS
+    rng = np.random.default_rng(seed)
+    docs = []
+    for label, words in vocabs.items():
+        for j in range(n_per_vocab):
+            n = int(rng.integers(12, 25))
+            docs.append({"id": f"{label}-{j:04d}", "text": " ".join(rng.choice(words, n)), "label": label})
+    order = rng.permutation(len(docs))
+    return [docs[i] for i in order]
+
+
+def write_parquet_shards(folder, docs: list[dict], shards: int, extra: tuple[str, ...] = ()) -> list:
+    """Write docs round-robin into `part-XXXXX.parquet` files; returns the paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for s in range(shards):
+        part = docs[s::shards]
+        cols = {"id": [d["id"] for d in part], "text": [d["text"] for d in part]}
+        for c in extra:
+            cols[c] = [d[c] for d in part]
+        p = folder / f"part-{s:05d}.parquet"
+        pq.write_table(pa.table(cols), p)
+        paths.append(p)
+    return paths
+
+
+@pytest.fixture
+def vocabs():
+    return VOCABS
+
+
+@pytest.fixture
+def make_docs():
+    return vocab_docs
+
+
+@pytest.fixture
+def write_shards():
+    return write_parquet_shards
