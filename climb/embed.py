@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from tqdm.auto import tqdm
 
 from .config import CorpusConfig, EmbedConfig, RunConfig
 from .device import resolve_device, resolve_dtype
@@ -73,6 +74,13 @@ def encode(model, texts: list[str], cfg: EmbedConfig) -> np.ndarray:
     return np.ascontiguousarray(emb, dtype=np.float32)
 
 
+def _rows(path: Path) -> int | None:
+    if path.suffix in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+        return pq.read_metadata(path).num_rows
+    return None
+
+
 def embed_shard(task: dict) -> dict:
     """Embed one corpus file; returns its stats. Safe to re-run."""
     path, out_dir = Path(task["path"]), Path(task["out_dir"])
@@ -91,13 +99,16 @@ def embed_shard(task: dict) -> dict:
     nbytes: list[int] = []
     chunks: list[np.ndarray] = []
     skip: Counter = Counter()
+    bar = tqdm(desc=f"embed {name}", unit="doc", total=_rows(path), leave=False, mininterval=5)
     for batch in read_documents(path, ccfg.text_column, ccfg.id_column, batch_rows=ccfg.batch_rows):
         skip.update(batch.skipped)
+        bar.update(len(batch.texts) + sum(batch.skipped.values()))
         if not batch.texts:
             continue
         chunks.append(encode(model, batch.texts, ecfg))
         ids += batch.ids
         nbytes += [len(t.encode("utf-8")) for t in batch.texts]
+    bar.close()
     if len(set(ids)) != len(ids):
         raise InputError(f"{path}: document ids in column {ccfg.id_column!r} are not unique; "
                          "fix the ids or set corpus.id_column=\"\" to make ids")

@@ -150,6 +150,12 @@ def _candidates(cfg: RunConfig, space: dict, n: int, seed: int) -> np.ndarray:
                              max_weight=space["max_weight"])
 
 
+def _ok_sorted(results: list[dict]) -> list[dict]:
+    """Successful results in mixture-id order: the predictor sees the same rows in
+    the same order whatever order the proxies finished in (in-process, Dask, resumed)."""
+    return sorted((r for r in results if r["status"] == "ok"), key=lambda r: r["mixture_id"])
+
+
 def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: list[dict]) -> dict:
     """The mixtures of iteration `it` (saved, so a resumed search trains the same ones)."""
     from .predictor import propose
@@ -159,7 +165,7 @@ def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: 
     sc = cfg.search
     n = sc.iterations[it]
     pool = _candidates(cfg, space, sc.pool_size if it else max(n * 20, 1000), sc.seed + 1000 * it)
-    ok = [r for r in seen if r["status"] == "ok"]
+    ok = _ok_sorted(seen)
     if it == 0 or len(ok) < 4:
         weights, predicted = pool[:n], [None] * min(n, len(pool))
     else:
@@ -183,7 +189,7 @@ def _task(cfg: RunConfig, paths: RunPaths, mixture_id: str, it: int, weights, se
 def final_mixture(cfg: RunConfig, space: dict, results: list[dict]) -> dict:
     from .predictor import best_mixture, make_predictor
     sc = cfg.search
-    ok = [r for r in results if r["status"] == "ok"]
+    ok = _ok_sorted(results)
     if len(ok) < 2:
         raise RuntimeError(f"only {len(ok)} proxies succeeded; see {len(results)} records in search/results.jsonl")
     X = np.array([r["weights"] for r in ok])
@@ -261,7 +267,7 @@ def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict) -> dict:
 
 def _write_swarm_csv(paths: RunPaths, results: list[dict]) -> None:
     from .swarm import write_swarm
-    ok = [r for r in results if r["status"] == "ok"]
+    ok = _ok_sorted(results)
     if not ok:
         return
     k = len(ok[0]["weights"])

@@ -1,0 +1,35 @@
+"""A killed embed resumes at shard granularity; files are written whole or not at all."""
+from __future__ import annotations
+
+import numpy as np
+
+from climb import embed
+from climb.config import load_config
+from climb.stage import RunPaths
+
+
+def _cfg(tmp_path):
+    return load_config(None, [f'corpus.paths=["{tmp_path}/corpus/*.parquet"]'])
+
+
+def test_killed_embed_resumes_at_the_missing_shard(tmp_path, fake_model, make_docs, write_shards):
+    write_shards(tmp_path / "corpus", make_docs(30), 3)
+    cfg, paths = _cfg(tmp_path), RunPaths(tmp_path / "run")
+    embed.run(cfg, paths)
+    full = [np.load(tmp_path / "run" / "embed" / f"part-0000{i}.npy") for i in range(3)]
+    # A kill after shard 0 and during shard 1: no manifest, shard 1 and 2 absent,
+    # a temporary file left behind by the interrupted write.
+    (paths.manifest("embed")).unlink()
+    for i in (1, 2):
+        for f in embed.shard_files(tmp_path / "run" / "embed", f"part-0000{i}"):
+            f.unlink()
+    (tmp_path / "run" / "embed" / ".part-00001.npy.abc.tmp").write_bytes(b"partial")
+    seen_before = fake_model.texts_seen
+    stats = embed.run(cfg, paths)
+    assert fake_model.texts_seen - seen_before == 60  # only shards 1 and 2 (30 docs each) re-embedded
+    assert stats["docs"] == 90
+    again = [np.load(tmp_path / "run" / "embed" / f"part-0000{i}.npy") for i in range(3)]
+    for a, b in zip(full, again):
+        np.testing.assert_array_equal(a, b)
+    # Unchanged config and inputs: the whole stage is skipped.
+    assert embed.run(cfg, paths).get("skipped_stage") is True
