@@ -112,7 +112,8 @@ def embed_shard(task: dict) -> dict:
     if len(set(ids)) != len(ids):
         raise InputError(f"{path}: document ids in column {ccfg.id_column!r} are not unique; "
                          "fix the ids or set corpus.id_column=\"\" to make ids")
-    dim = model.get_sentence_embedding_dimension()
+    # sentence-transformers 6 renamed the method; older releases only have the old name.
+    dim = (getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension)()
     emb = np.concatenate(chunks) if chunks else np.zeros((0, dim), np.float32)
     with atomic_path(npy) as tmp:
         with open(tmp, "wb") as fh:

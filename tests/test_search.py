@@ -33,7 +33,7 @@ def clustered(tmp_path, fake_model, make_docs, write_shards):
     def make(goal: str, metric: str, run: str, extra=()):
         cfg = load_config(None, [
             f'corpus.paths=["{tmp_path}/corpus/*.parquet"]', "cluster.k=4", "cluster.niter=10",
-            "proxy.vocab_size=256", "proxy.seq_len=16", "proxy.tokenizer_docs=100",
+            "proxy.vocab_size=320", "proxy.seq_len=16", "proxy.tokenizer_docs=100",
             f'proxy.command="{sys.executable} {HELPER} {{weights}} {{out}}"',
             f'target.objective=["{metric}"]', f'target.goal="{goal}"', 'target.texts=["x"]',
             "search.iterations=[12, 8, 8]", "search.pool_size=5000", "search.min_weight=0.0",

@@ -1,0 +1,259 @@
+"""Mixture predictors on RegMix's released proxy swarm (../shared/data/swarms/regmix).
+
+Three parts, in the order they must be run to stay honest:
+
+--select   model selection on the 512 *training* runs only (no test file is opened):
+           (A) 5-fold CV x 2 repeats on all 512 runs, (B) fits on random subsets of
+           16/32/64/112 training runs scored on the remaining training runs, (C) two
+           synthetic swarms with a non-smooth response, where trees should win, as a
+           guard for "never worse than plain LightGBM". Rule (fixed before running):
+           among candidates within 0.002 of plain LightGBM on every full-size cell of
+           (A) and (C), the highest mean Spearman over the cells of (A) and (B)
+           (a constant prediction, plain LightGBM below 40 rows, counts as 0).
+--evaluate item 4: fit on the 512 training runs, rank the 1M / 60M / 1B test runs, for
+           pile_cc, github and the mean of all 13 losses (a derived column written to a
+           temporary metrics CSV), default vs lightgbm vs linear.
+--small-n  item 5: fit on the first 16/32/64/112 training runs, rank the 1M test runs.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/predictor_regmix.py --select --evaluate --small-n
+
+Writes benchmarks/results/predictor_regmix.json (merged with what is there) and
+prints Markdown tables. --select takes ~30 min on 2 shared cores, the rest ~5 min.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from sklearn.model_selection import KFold
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from climb.predictor import (BlendPredictor, GPPredictor, LightGBMPredictor, LinearPredictor,  # noqa: E402
+                             make_predictor, rank_metrics)
+from climb.swarm import read_swarm, target_values  # noqa: E402
+from climb.predictor_cli import evaluate  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data" / "swarms" / "regmix"
+OUT = ROOT / "benchmarks" / "results" / "predictor_regmix.json"
+PILE_CC, GITHUB, MEAN = "metric/the_pile_pile_cc_val_loss", "metric/the_pile_github_val_loss", "mean_13_losses"
+TESTS = {"1M": "1m", "60M": "60m", "1B": "1B"}
+log = logging.getLogger("predictor_regmix")
+
+
+def candidates(seed=0) -> dict:
+    gp = lambda **kw: (lambda: GPPredictor(seed=seed, **kw))  # noqa: E731
+    lgbm = lambda: LightGBMPredictor(seed=seed)  # noqa: E731
+    return {
+        "lightgbm": lgbm,
+        "lightgbm-log": lambda: LightGBMPredictor(seed=seed, log_features=True),
+        "linear": LinearPredictor,
+        "gp-noprior": gp(ls_prior=0.0),
+        "gp": gp(),
+        "gp-rbf": gp(kernel="rbf"),
+        "gp-linear": gp(linear=True),
+        "gp-eps1e-4": gp(eps=1e-4),
+        "gp-eps1e-2": gp(eps=1e-2),
+        "blend-0.5": lambda: BlendPredictor(gp(), lgbm, grid=(0.5,), seed=seed),
+        "blend-cv": lambda: BlendPredictor(gp(), lgbm, seed=seed),
+    }
+
+
+def train_swarm(tmp: Path):
+    """Training weights + metrics with the derived mean-of-13-losses column."""
+    w, m = DATA / "train_mixture_1m.csv", DATA / "train_pile_loss_1m.csv"
+    sw = read_swarm(w, m)
+    sw.metrics[MEAN] = sw.metrics.mean(axis=1)
+    return sw
+
+
+def _spear(y, p) -> float:
+    s = rank_metrics(y, p, "minimize")["spearman"]
+    return 0.0 if not np.isfinite(s) else s  # constant prediction: no ranking information
+
+
+def synthetic(kind: str, n=512, d=8, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.dirichlet(np.full(d, 0.7), n)
+    if kind == "threshold":
+        y = (X[:, 0] > 0.15) + 0.7 * ((X[:, 1] > 0.1) & (X[:, 2] < 0.05)) + 0.3 * (X[:, 3] > 0.3)
+    else:  # "argmax": which domain dominates matters, not by how much
+        y = np.array([0.0, 1.0, 0.3, 0.8, 0.1, 0.6, 0.9, 0.4])[X.argmax(1)] + 0.2 * X.max(1)
+    return X, y + 0.05 * rng.normal(size=n)
+
+
+def select(res: dict) -> None:
+    sw = train_swarm(None)
+    X = sw.weights
+    sel_targets = [PILE_CC, GITHUB, MEAN] + [c for c in sw.metrics.columns if c not in (PILE_CC, GITHUB, MEAN)][:3]
+    cands = candidates()
+    A, B, C = {}, {}, {}
+    for t in sel_targets:  # (A) repeated 5-fold CV on the 512 training runs
+        y = target_values(sw, t)
+        for name, mk in cands.items():
+            t0, scores = time.time(), []
+            for rep in range(2):
+                oof = np.zeros(len(y))
+                for tr, te in KFold(5, shuffle=True, random_state=rep).split(X):
+                    oof[te] = mk().fit(X[tr], y[tr]).predict(X[te])
+                scores.append(_spear(y, oof))
+            A.setdefault(name, {})[t] = float(np.mean(scores))
+            log.info("A %-40s %-13s %.4f (%.0fs)", t, name, A[name][t], time.time() - t0)
+    for t in sel_targets:  # (B) small training sets drawn from the training runs
+        y = target_values(sw, t)
+        for n in (16, 32, 64, 112):
+            for name, mk in cands.items():
+                scores = []
+                for rep in range(6):
+                    idx = np.random.default_rng(100 + rep).permutation(len(y))
+                    scores.append(_spear(y[idx[n:]], mk().fit(X[idx[:n]], y[idx[:n]]).predict(X[idx[n:]])))
+                B.setdefault(name, {})[f"{t}@{n}"] = float(np.mean(scores))
+            log.info("B %-40s n=%-4d %s", t, n, {k: round(v[f'{t}@{n}'], 3) for k, v in B.items()})
+    for kind in ("threshold", "argmax"):  # (C) non-smooth synthetic swarms
+        Xs, ys = synthetic(kind)
+        for name, mk in cands.items():
+            oof = np.zeros(len(ys))
+            for tr, te in KFold(5, shuffle=True, random_state=0).split(Xs):
+                oof[te] = mk().fit(Xs[tr], ys[tr]).predict(Xs[te])
+            C.setdefault(name, {})[kind] = _spear(ys, oof)
+        log.info("C %s %s", kind, {k: round(v[kind], 3) for k, v in C.items()})
+    ref = "lightgbm"
+    eligible = [c for c in cands if all(A[c][t] >= A[ref][t] - 0.002 for t in A[ref])
+                and all(C[c][k] >= C[ref][k] - 0.002 for k in C[ref])]
+    score = {c: float(np.mean(list(A[c].values()) + list(B[c].values()))) for c in cands}
+    winner = max(eligible, key=score.get) if eligible else ref
+    res["select"] = {"targets": sel_targets, "cv_full": A, "small_n": B, "synthetic": C, "score": score,
+                     "eligible": eligible, "winner": winner, "rule": __doc__.split("Rule")[1].split("--evaluate")[0]}
+    log.info("CV winner: %s (eligible: %s)", winner, eligible)
+
+
+def _derived(tmp: Path, split: str, scale: str) -> Path:
+    """Metrics CSV with the mean of all 13 losses added (never written into the repository)."""
+    m = pd.read_csv(DATA / f"{split}_pile_loss_{scale}.csv")
+    m[MEAN] = m.drop(columns="index").mean(axis=1)
+    p = tmp / f"{split}_pile_loss_{scale}.csv"
+    m.to_csv(p, index=False)
+    return p
+
+
+def evaluate_all(res: dict, models=("default", "lightgbm", "linear")) -> None:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for target in (PILE_CC, GITHUB, MEAN):
+            for scale_name, scale in TESTS.items():
+                metrics = lambda split, sc: (_derived(tmp, split, sc) if target == MEAN  # noqa: E731
+                                             else DATA / f"{split}_pile_loss_{sc}.csv")
+                for model in models:
+                    r = evaluate(DATA / "train_mixture_1m.csv", metrics("train", "1m"),
+                                 DATA / f"test_mixture_{scale}.csv", metrics("test", scale), "index", target,
+                                 "minimize", model)
+                    rows.append({**r, "test": scale_name})
+                    log.info("%s %s %s: spearman %.4f regret %.4f", target, scale_name, model, r["spearman"],
+                             r["top1_regret"])
+    res["evaluate"] = rows
+    # the CLI path must give the same number as the in-process call above
+    cmd = [sys.executable, "-m", "climb.predictor_cli", "predictor", "evaluate",
+           "--train-weights", str(DATA / "train_mixture_1m.csv"), "--train-metrics", str(DATA / "train_pile_loss_1m.csv"),
+           "--test-weights", str(DATA / "test_mixture_1m.csv"), "--test-metrics", str(DATA / "test_pile_loss_1m.csv"),
+           "--key", "index", "--target", PILE_CC, "--goal", "minimize"]
+    cli = json.loads(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout)
+    same = next(r for r in rows if r["target"] == PILE_CC and r["test"] == "1M" and r["model"] == "default")
+    res["cli_check"] = {"cli_spearman": cli["spearman"], "in_process_spearman": same["spearman"]}
+
+
+def small_n(res: dict, models=("default", "lightgbm", "gp")) -> None:
+    tr = read_swarm(DATA / "train_mixture_1m.csv", DATA / "train_pile_loss_1m.csv")
+    te = read_swarm(DATA / "test_mixture_1m.csv", DATA / "test_pile_loss_1m.csv")
+    y, yt = target_values(tr, PILE_CC), target_values(te, PILE_CC)
+    rows = []
+    for n in (16, 32, 64, 112):
+        for model in models:
+            t0 = time.time()
+            m = make_predictor(model).fit(tr.weights[:n], y[:n])
+            r = rank_metrics(yt, m.predict(te.weights), "minimize")
+            rows.append({"n_train": n, "model": model, **r, "seconds": round(time.time() - t0, 2)})
+            log.info("first %d: %s spearman %s", n, model, r["spearman"])
+    res["small_n"] = rows
+
+
+def timing(res: dict) -> None:
+    from climb.predictor import propose, sample_candidates
+    tr = read_swarm(DATA / "train_mixture_1m.csv", DATA / "train_pile_loss_1m.csv")
+    y = target_values(tr, PILE_CC)
+    t0 = time.time()
+    pool = sample_candidates(np.full(17, 1 / 17), 100_000, np.random.default_rng(0))
+    t1 = time.time()
+    propose(tr.weights[:100], y[:100], "minimize", pool, 16)
+    res["timing"] = {"sample_100k_s": round(t1 - t0, 2), "propose_fit100_score100k_s": round(time.time() - t1, 2)}
+
+
+def fmt(x, nd=4):
+    return "n/a (constant)" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{nd}f}"
+
+
+def markdown(res: dict) -> str:
+    out = []
+    if "select" in res:
+        s = res["select"]
+        out.append("#### Selection by CV on the 512 training runs (mean Spearman)\n")
+        out.append("| candidate | 5-fold x2, n=512 (6 targets) | subsets 16-112 (6 targets) | synthetic threshold / argmax | eligible | score |")
+        out.append("|---|---|---|---|---|---|")
+        for c in s["cv_full"]:
+            out.append(f"| {c}{' **(winner)**' if c == s['winner'] else ''} | {np.mean(list(s['cv_full'][c].values())):.4f} | "
+                       f"{np.mean(list(s['small_n'][c].values())):.4f} | {s['synthetic'][c]['threshold']:.3f} / "
+                       f"{s['synthetic'][c]['argmax']:.3f} | {'yes' if c in s['eligible'] else 'no'} | {s['score'][c]:.4f} |")
+    if "evaluate" in res:
+        out.append("\n#### Fit on 512 training runs, rank the test runs (Spearman / top1_regret)\n")
+        out.append("| target | model | 1M | 60M | 1B |")
+        out.append("|---|---|---|---|---|")
+        for t in dict.fromkeys(r["target"] for r in res["evaluate"]):
+            for m in dict.fromkeys(r["model"] for r in res["evaluate"]):
+                cells = [next(r for r in res["evaluate"] if r["target"] == t and r["model"] == m and r["test"] == s)
+                         for s in TESTS]
+                out.append(f"| {t.replace('metric/the_pile_', '')} | {m} | " +
+                           " | ".join(f"{fmt(c['spearman'])} / {fmt(c['top1_regret'], 3)}" for c in cells) + " |")
+    if "small_n" in res:
+        out.append("\n#### Fit on the first n training runs, rank the 1M test runs (pile_cc; Spearman / top1_regret)\n")
+        models = list(dict.fromkeys(r["model"] for r in res["small_n"]))
+        out.append("| n | " + " | ".join(models) + " |")
+        out.append("|---|" + "---|" * len(models))
+        for n in dict.fromkeys(r["n_train"] for r in res["small_n"]):
+            cells = [next(r for r in res["small_n"] if r["n_train"] == n and r["model"] == m) for m in models]
+            out.append(f"| {n} | " + " | ".join(f"{fmt(c['spearman'])} / {fmt(c['top1_regret'], 3)}" for c in cells) + " |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--select", action="store_true", help="CV model selection on the training runs only")
+    ap.add_argument("--evaluate", action="store_true", help="item 4: the test tables")
+    ap.add_argument("--small-n", action="store_true", help="item 5: first 16..112 training runs")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if not DATA.is_dir():
+        print(f"no RegMix data at {DATA}; nothing to do", file=sys.stderr)
+        return 0
+    res = json.loads(args.out.read_text()) if args.out.exists() else {}
+    for flag, fn in ((args.select, select), (args.evaluate, evaluate_all), (args.small_n, small_n)):
+        if flag:
+            fn(res)
+    if args.evaluate or args.small_n:
+        timing(res)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=1))
+    print(markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,404 @@
+"""Mixture predictors: from mixture weights to a proxy metric, and the search step.
+
+A predictor maps mixture weights (rows summing to 1) to the raw metric a proxy
+reached; callers handle the goal (minimize/maximize). Names (`make_predictor`):
+
+- ``default``: Gaussian process (ARD Matern-5/2 on standardised log weights) blended
+  with plain LightGBM; the blend weight is chosen per fit by inner cross-validation
+  (pooled out-of-fold Spearman) on the results it is given, so a swarm whose
+  response is not smooth falls back to the trees. Chosen by repeated K-fold on
+  RegMix's *training* swarm only: ``python benchmarks/predictor_regmix.py --select``.
+- ``gp``: the Gaussian process alone (also the default's fallback below 10 results).
+- ``lightgbm``: plain LightGBM, 1,000 trees, learning rate 0.01, otherwise defaults.
+- ``lightgbm-log``: the same on weights plus log weights.
+- ``linear``: least squares on the weights.
+
+The search step: `sample_candidates` (Dirichlet pool around a prior),
+`propose` (best predicted, diverse, plus exploration) and `best_mixture`.
+
+    from climb.predictor import make_predictor, rank_metrics
+    m = make_predictor("default").fit(X_train, y_train)
+    print(rank_metrics(y_test, m.predict(X_test), "minimize"))
+"""
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+import numpy as np
+from scipy.linalg import cho_solve, lapack
+from scipy.optimize import minimize
+from scipy.spatial import cKDTree
+from scipy.stats import pearsonr, spearmanr
+
+log = logging.getLogger(__name__)
+
+LOG_EPS = 1e-3  # log(w + eps): RegMix rounds to 1e-3 and CLIMB zeroes weights below ~1e-2
+
+
+class Predictor(Protocol):
+    name: str
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> "Predictor": ...
+
+    def predict(self, X: np.ndarray) -> np.ndarray: ...
+
+
+def _blas_one_thread():
+    # n <= a few thousand: multithreaded BLAS on 2 shared cores is 5-10x slower than one thread.
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+class GPPredictor:
+    """Exact GP regression, ARD kernel on standardised log(w + eps), evidence-maximised.
+
+    Written here (not sklearn's GaussianProcessRegressor) because the analytic
+    gradient below costs O(n^2 d) per step, which makes a 512-run fit ~1 s instead of ~30 s.
+    """
+
+    def __init__(self, kernel: str = "matern52", eps: float = LOG_EPS, ls_prior: float = 1.0, linear: bool = False,
+                 restarts: int = 1, seed: int = 0, name: str = "gp"):
+        self.kernel, self.eps, self.restarts, self.seed, self.name = kernel, eps, restarts, seed, name
+        # ls_prior: precision of a log-normal prior on each lengthscale around sqrt(d); with 16-112
+        # results and 17+ lengthscales, pure evidence maximisation overfits (see --select).
+        self.ls_prior, self.linear = ls_prior, linear
+
+    def _features(self, X):
+        return np.log(np.asarray(X, float) + self.eps)
+
+    def _k(self, A, B, ls, s2):
+        A, B = A / ls, B / ls
+        d2 = np.maximum((A * A).sum(1)[:, None] + (B * B).sum(1)[None, :] - 2 * A @ B.T, 0.0)
+        if self.kernel == "rbf":
+            K = s2 * np.exp(-0.5 * d2)
+            return K, K
+        r = np.sqrt(5 * d2)
+        e = np.exp(-r)
+        # G is dK/dlog(l_j) divided by (x_j - x'_j)^2 / l_j^2, which is the same for every j
+        return s2 * (1 + r + r * r / 3) * e, s2 * (5 / 3) * (1 + r) * e
+
+    def _gram(self, A, B, ls, s2, s_lin):
+        K, G = self._k(A, B, ls, s2)
+        KL = s_lin * (A @ B.T) / A.shape[1] if self.linear else 0.0  # optional linear trend in log weights
+        return K, G, KL
+
+    def _nll(self, th, F, y):
+        n, d = F.shape
+        ls, s2, sn, s_lin = np.exp(th[:d]), np.exp(th[d]), np.exp(th[d + 1]), np.exp(th[-1])
+        K, G, KL = self._gram(F, F, ls, s2, s_lin)
+        L, info = lapack.dpotrf(K + KL + (sn + 1e-8) * np.eye(n), lower=1)
+        if info:
+            return 1e10, np.zeros_like(th)
+        a = cho_solve((L, True), y)
+        Ki, _ = lapack.dpotri(L, lower=1)
+        Ki = np.tril(Ki) + np.tril(Ki, -1).T
+        nll = 0.5 * y @ a + np.log(np.diag(L)).sum() + 0.5 * n * np.log(2 * np.pi)
+        M = 0.5 * (np.outer(a, a) - Ki)  # dNLL/dK = -M
+        Fs, MG = F / ls, M * G
+        # sum_ab MG_ab (x_aj - x_bj)^2 / l_j^2 for every dimension j at once
+        gj = 2 * ((Fs * Fs).T @ MG.sum(1)) - 2 * ((MG @ Fs) * Fs).sum(0)
+        grad = np.r_[-gj, -(M * K).sum(), -np.trace(M) * sn, -(M * KL).sum() if self.linear else []]
+        z = th[:d] - np.log(np.sqrt(d))
+        return nll + 0.5 * self.ls_prior * (z @ z), grad + np.r_[self.ls_prior * z, np.zeros(grad.size - d)]
+
+    def fit(self, X, y):
+        F = self._features(X)
+        self.mu, sd = F.mean(0), F.std(0)
+        self.sd = np.where(sd < 1e-12, 1.0, sd)  # a domain constant in the swarm carries no signal
+        F = (F - self.mu) / self.sd
+        y = np.asarray(y, float)
+        self.ym, self.ys = y.mean(), (y.std() or 1.0)
+        yz = (y - self.ym) / self.ys
+        n, d = F.shape
+        bounds = [(np.log(1e-2), np.log(1e3))] * d + [(np.log(1e-3), np.log(1e2)), (np.log(1e-6), 0.0)]
+        bounds += [(np.log(1e-6), np.log(1e2))] if self.linear else []
+        lo, hi = np.array(bounds).T
+        rng = np.random.default_rng(self.seed)
+        best = None
+        with _blas_one_thread():
+            for r in range(self.restarts):
+                th0 = np.r_[np.full(d, np.log(np.sqrt(d))), 0.0, np.log(1e-2), [np.log(0.1)] if self.linear else []]
+                if r:
+                    th0 = np.clip(th0 + rng.normal(0, 1, th0.size), lo, hi)
+                res = minimize(self._nll, th0, args=(F, yz), jac=True, method="L-BFGS-B", bounds=bounds,
+                               options={"maxiter": 200})
+                if best is None or res.fun < best.fun:
+                    best = res
+            th = best.x
+            self.ls, self.s2, self.sn = np.exp(th[:d]), np.exp(th[d]), np.exp(th[d + 1])
+            self.s_lin = np.exp(th[-1]) if self.linear else 0.0
+            K, _, KL = self._gram(F, F, self.ls, self.s2, self.s_lin)
+            for jitter in (1e-8, 1e-6, 1e-4, 1e-2):
+                L, info = lapack.dpotrf(K + KL + (self.sn + jitter) * np.eye(n), lower=1)
+                if not info:
+                    break
+            self._L, self._F = np.tril(L), F
+            self._alpha = cho_solve((L, True), yz)
+        return self
+
+    def predict(self, X, return_std: bool = False):
+        Q = (self._features(X) - self.mu) / self.sd
+        means, stds = [], []
+        with _blas_one_thread():
+            for i in range(0, len(Q), 20_000):
+                q = Q[i:i + 20_000]
+                Ks, _, KL = self._gram(q, self._F, self.ls, self.s2, self.s_lin)
+                Ks = Ks + KL
+                means.append(Ks @ self._alpha)
+                if return_std:
+                    v = cho_solve((self._L, True), Ks.T)
+                    prior = self.s2 + (self.s_lin * (q * q).sum(1) / q.shape[1] if self.linear else 0.0)
+                    stds.append(np.sqrt(np.maximum(prior - (Ks * v.T).sum(1), 1e-12)))
+        m = np.concatenate(means) * self.ys + self.ym
+        return (m, np.concatenate(stds) * self.ys) if return_std else m
+
+
+class LightGBMPredictor:
+    def __init__(self, seed: int = 0, log_features: bool = False, name: str = "lightgbm", **params):
+        self.name, self.log_features = name, log_features
+        self.params = dict(n_estimators=1000, learning_rate=0.01, verbose=-1, n_jobs=2, random_state=seed)
+        self.params.update(params)
+
+    def _features(self, X):
+        X = np.asarray(X, float)
+        return np.hstack([X, np.log(X + LOG_EPS)]) if self.log_features else X
+
+    def fit(self, X, y):
+        import lightgbm as lgb
+        self.model = lgb.LGBMRegressor(**self.params).fit(self._features(X), np.asarray(y, float))
+        return self
+
+    def predict(self, X):
+        return self.model.predict(self._features(X))
+
+
+class LinearPredictor:
+    """Ordinary least squares on the weights (rows sum to 1, so no separate intercept)."""
+    name = "linear"
+
+    def fit(self, X, y):
+        self.coef = np.linalg.lstsq(np.asarray(X, float), np.asarray(y, float), rcond=None)[0]
+        return self
+
+    def predict(self, X):
+        return np.asarray(X, float) @ self.coef
+
+
+def _spearman(a, b) -> float:
+    if np.ptp(a) == 0 or np.ptp(b) == 0:
+        return float("nan")
+    return float(spearmanr(a, b).statistic)
+
+
+class BlendPredictor:
+    """alpha * smooth + (1 - alpha) * trees, alpha picked by inner K-fold on the fit data.
+
+    Pooled out-of-fold Spearman decides (ties go to the earlier grid entry, i.e. the
+    smooth model); below `min_n` results there are too few rows to judge and the
+    smooth model is used alone, since trees cannot split on a handful of rows.
+    """
+
+    def __init__(self, smooth, trees, grid=(1.0, 0.75, 0.5, 0.25, 0.0), folds: int = 5, min_n: int = 10,
+                 seed: int = 0, name: str = "default"):
+        self.smooth, self.trees, self.grid, self.folds, self.min_n = smooth, trees, grid, folds, min_n
+        self.seed, self.name = seed, name
+
+    def fit(self, X, y):
+        X, y = np.asarray(X, float), np.asarray(y, float)
+        n = len(y)
+        if n < self.min_n:
+            self.alpha, self.cv_scores = 1.0, {}
+        else:
+            oof = np.zeros((2, n))
+            folds = np.array_split(np.random.default_rng(self.seed).permutation(n), min(self.folds, n))
+            for te in folds:
+                tr = np.setdiff1d(np.arange(n), te)
+                oof[0, te] = self.smooth().fit(X[tr], y[tr]).predict(X[te])
+                oof[1, te] = self.trees().fit(X[tr], y[tr]).predict(X[te])
+            self.cv_scores = {a: _spearman(a * oof[0] + (1 - a) * oof[1], y) for a in self.grid}
+            self.alpha = max(self.grid, key=lambda a: np.nan_to_num(self.cv_scores[a], nan=-2.0))
+            log.info("%s: blend weight of the smooth model %.2f (inner-CV Spearman %s)", self.name, self.alpha,
+                     {a: round(s, 4) for a, s in self.cv_scores.items()})
+        self.models = [self.smooth().fit(X, y) if self.alpha > 0 else None,
+                       self.trees().fit(X, y) if self.alpha < 1 else None]
+        return self
+
+    def predict(self, X):
+        out = 0.0
+        if self.models[0] is not None:
+            out = out + self.alpha * self.models[0].predict(X)
+        if self.models[1] is not None:
+            out = out + (1 - self.alpha) * self.models[1].predict(X)
+        return np.asarray(out, float)
+
+
+def _registry(seed: int) -> dict:
+    gp = lambda: GPPredictor(seed=seed)  # noqa: E731
+    lgbm = lambda: LightGBMPredictor(seed=seed)  # noqa: E731
+    return {
+        "default": lambda: BlendPredictor(gp, lgbm, seed=seed, name="default"),
+        "gp": gp,
+        "gp-rbf": lambda: GPPredictor(kernel="rbf", seed=seed, name="gp-rbf"),
+        "lightgbm": lgbm,
+        "lightgbm-log": lambda: LightGBMPredictor(seed=seed, log_features=True, name="lightgbm-log"),
+        "linear": LinearPredictor,
+    }
+
+
+PREDICTORS = tuple(_registry(0))
+
+
+def make_predictor(name: str = "default", seed: int = 0) -> Predictor:
+    reg = _registry(seed)
+    if name not in reg:
+        raise ValueError(f"unknown predictor {name!r}; choose one of: {', '.join(reg)}")
+    return reg[name]()
+
+
+def goal_sign(goal: str) -> float:
+    """+1 for minimize, -1 for maximize: sign * value is then always 'lower is better'."""
+    if goal not in ("minimize", "maximize"):
+        raise ValueError(f"goal must be 'minimize' or 'maximize', not {goal!r}")
+    return 1.0 if goal == "minimize" else -1.0
+
+
+def rank_metrics(y_true, y_pred, goal: str) -> dict:
+    """Spearman, Pearson, and how good the predicted-best item truly is.
+
+    top1_regret: true value of the predicted-best item minus the true best, in the
+    metric's units, oriented so that it is >= 0 (0 = the predicted best is the true best).
+    top1_rank: 1 + how many items are truly strictly better than the predicted best.
+    """
+    y_true, y_pred = np.asarray(y_true, float), np.asarray(y_pred, float)
+    s = goal_sign(goal)
+    pick = int(np.argmin(s * y_pred))
+    pearson = float(pearsonr(y_true, y_pred).statistic) if np.ptp(y_pred) > 0 and np.ptp(y_true) > 0 else float("nan")
+    return {"spearman": _spearman(y_true, y_pred), "pearson": pearson,
+            "top1_regret": float(s * y_true[pick] - np.min(s * y_true)),
+            "top1_rank": int(1 + np.sum(s * y_true < s * y_true[pick])), "n": int(y_true.size)}
+
+
+def _cap(W: np.ndarray, max_weight: np.ndarray, iters: int = 50) -> np.ndarray:
+    """Clip to per-domain caps and hand the excess to uncapped domains pro rata (water filling)."""
+    for _ in range(iters):
+        over = W > max_weight
+        if not over.any():
+            break
+        excess = np.where(over, W - max_weight, 0.0).sum(1, keepdims=True)
+        W = np.minimum(W, max_weight)
+        room = np.where(W < max_weight, W, 0.0)
+        W = W + excess * room / np.maximum(room.sum(1, keepdims=True), 1e-300)
+    return W
+
+
+def dedupe(W: np.ndarray, min_l1: float) -> np.ndarray:
+    """Keep rows in order, dropping any within L1 distance < min_l1 of a kept earlier row."""
+    if len(W) < 2 or min_l1 <= 0:
+        return W
+    W = W[np.sort(np.unique(np.round(W, 6), axis=0, return_index=True)[1])]  # exact repeats first: cheap
+    pairs = cKDTree(W).query_pairs(min_l1 * (1 - 1e-9), p=1, output_type="ndarray")
+    keep = np.ones(len(W), bool)
+    for i, j in pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))] if len(pairs) else ():
+        if keep[i] and keep[j]:  # pairs sorted by i: i's own fate is already settled
+            keep[j] = False
+    return W[keep]
+
+
+def sample_candidates(prior: np.ndarray, n: int, rng: np.random.Generator, concentrations=None,
+                      temperature: float = 1.0, min_weight: float = 0.0, max_weight: np.ndarray | None = None,
+                      dedupe_l1: float = 1e-3) -> np.ndarray:
+    """Up to n distinct mixtures from Dirichlet(c * p), p = prior**temperature renormalised.
+
+    `concentrations` are total concentrations c (sum of the Dirichlet's alphas), mixed in
+    equal shares; default d * (0.5, 1, 4) for d domains. Domains with prior 0 stay 0.
+    Weights below `min_weight` are zeroed, then rows are capped at `max_weight` (water
+    filling; rows that cannot satisfy the caps are dropped), then near-duplicates
+    (L1 < dedupe_l1) are dropped, so fewer than n rows may come back.
+    """
+    prior = np.asarray(prior, float)
+    if prior.ndim != 1 or (prior < 0).any() or prior.sum() <= 0:
+        raise ValueError("prior must be a non-negative weight vector with a positive sum")
+    d = prior.size
+    p = prior ** temperature
+    p /= p.sum()
+    support = p > 0
+    conc = tuple(concentrations) if concentrations is not None else (0.5 * d, 1.0 * d, 4.0 * d)
+    if max_weight is not None:
+        max_weight = np.broadcast_to(np.asarray(max_weight, float), (d,))
+        if max_weight[support].sum() < 1 - 1e-9:
+            raise ValueError(f"the caps max_weight sum to {max_weight[support].sum():.3f} < 1: no mixture fits")
+    out, have = np.empty((0, d)), 0
+    for _ in range(5):  # rounds of oversampling until dedupe/rejection leave n rows
+        m = max(int(1.3 * (n - have)), 16)
+        parts = [rng.dirichlet(np.maximum(c * p[support], 1e-3), size=-(-m // len(conc))) for c in conc]
+        S = np.vstack(parts)
+        W = np.zeros((len(S), d))
+        W[:, support] = S
+        W[W < min_weight] = 0.0
+        W = W[W.sum(1) > 0]
+        W /= W.sum(1, keepdims=True)
+        if max_weight is not None:
+            W = _cap(W, max_weight)
+            W = W[(W <= max_weight + 1e-9).all(1) & np.isclose(W.sum(1), 1.0)]
+        out = dedupe(np.vstack([out, W[rng.permutation(len(W))]]), dedupe_l1)
+        have = len(out)
+        if have >= n:
+            break
+    if have < n:
+        log.warning("sample_candidates: only %d distinct mixtures of %d asked for", have, n)
+    return out[:n]
+
+
+def propose(X_seen, y_seen, goal: str, candidates: np.ndarray, n: int, predictor_name: str = "default",
+            seed: int = 0, explore_frac: float = 0.25, min_l1: float = 0.05):
+    """The next n mixtures to train and their predicted values.
+
+    Exploit: best predicted candidates first, each at L1 >= min_l1 from every mixture
+    already seen or chosen. Explore (round(explore_frac * n) slots): among the best
+    quarter of the candidates by prediction, farthest-point sampling, i.e. the candidate
+    farthest (L1) from everything seen or chosen so far - promising but unmeasured regions.
+    If the distance constraint leaves too few candidates it is halved (logged).
+    """
+    X_seen, y_seen, C = np.asarray(X_seen, float), np.asarray(y_seen, float), np.asarray(candidates, float)
+    if len(C) < n:
+        raise ValueError(f"{len(C)} candidates cannot give {n} proposals")
+    model = make_predictor(predictor_name, seed=seed).fit(X_seen, y_seen)
+    pred = model.predict(C)
+    order = np.argsort(goal_sign(goal) * pred, kind="stable")
+    n_explore = min(int(round(explore_frac * n)), n - 1) if n > 1 else 0
+    chosen: list[int] = []
+    dist = np.full(len(C), np.inf)  # L1 distance of each candidate to everything seen or chosen
+    for i in range(0, len(X_seen), 256):
+        dist = np.minimum(dist, np.abs(C[:, None, :] - X_seen[None, i:i + 256]).sum(-1).min(1))
+
+    def take(i):
+        chosen.append(int(i))
+        dist[:] = np.minimum(dist, np.abs(C - C[i]).sum(1))
+
+    gap = min_l1
+    while len(chosen) < n - n_explore:
+        ok = order[dist[order] >= gap]
+        if len(ok) == 0:
+            gap /= 2
+            log.warning("propose: relaxing the L1 diversity gap to %.4f", gap)
+            continue
+        take(ok[0])
+    top = order[: max(len(order) // 4, n)]
+    while len(chosen) < n:
+        i = top[np.argmax(dist[top])]
+        if dist[i] <= 0:  # everything promising already chosen: fall back to the next best
+            i = next(j for j in order if j not in chosen)
+        take(i)
+    idx = np.array(chosen)
+    log.info("propose: %d exploit + %d explore from %d candidates (predictor %s)", n - n_explore, n_explore,
+             len(C), model.name)
+    return C[idx], pred[idx]
+
+
+def best_mixture(predictor, candidates: np.ndarray, goal: str, top_k: int = 1) -> np.ndarray:
+    """Predicted-best candidate (top_k > 1: the renormalised mean of the top k)."""
+    C = np.asarray(candidates, float)
+    order = np.argsort(goal_sign(goal) * predictor.predict(C), kind="stable")
+    w = C[order[: max(1, top_k)]].mean(0)
+    return w / w.sum()

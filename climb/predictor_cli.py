@@ -1,0 +1,154 @@
+"""`climb predictor evaluate | propose`: the mixture predictor on swarm CSV files.
+
+evaluate: fit a predictor on one swarm, rank another, print one JSON object
+(spearman, pearson, top1_regret, top1_rank, n_train, n_test, model, ...):
+
+    python -m climb.predictor_cli predictor evaluate \\
+        --train-weights ../shared/data/swarms/regmix/train_mixture_1m.csv \\
+        --train-metrics ../shared/data/swarms/regmix/train_pile_loss_1m.csv \\
+        --test-weights ../shared/data/swarms/regmix/test_mixture_1m.csv \\
+        --test-metrics ../shared/data/swarms/regmix/test_pile_loss_1m.csv \\
+        --key index --target metric/the_pile_pile_cc_val_loss --goal minimize
+
+propose: fit on a swarm, score a Dirichlet pool around a prior (a CSV with one
+weights row, e.g. the natural token shares, or "uniform"), and write the next N
+mixtures (best predicted + exploration, diverse) as a weights CSV with columns
+key, the domains, and `predicted` in a metrics CSV beside it (OUT with
+`_predicted` before the suffix):
+
+    python -m climb.predictor_cli predictor propose --weights W.csv --metrics M.csv \\
+        --key index --target loss --goal minimize --n 16 --out next.csv
+
+Both also run as `climb predictor ...` once the main CLI includes this group.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .predictor import PREDICTORS, make_predictor, propose, rank_metrics, sample_candidates
+from .swarm import read_prior, read_swarm, target_values, write_swarm
+
+log = logging.getLogger(__name__)
+
+
+def _json_safe(d: dict) -> dict:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+def evaluate(train_weights, train_metrics, test_weights, test_metrics, key: str, target: str, goal: str,
+             model: str = "default", seed: int = 0) -> dict:
+    """Fit on the train swarm, rank the test swarm; the dict `evaluate` prints."""
+    tr = read_swarm(train_weights, train_metrics, key=key, target=target)
+    te = read_swarm(test_weights, test_metrics, key=key, target=target)
+    if te.domains != tr.domains:
+        missing, extra = set(tr.domains) - set(te.domains), set(te.domains) - set(tr.domains)
+        if missing or extra:
+            raise ValueError(f"{test_weights}: domains differ from {train_weights} (missing {sorted(missing)[:5]}, "
+                             f"extra {sorted(extra)[:5]}); both files need the same weight columns")
+        te.weights = te.weights[:, [te.domains.index(d) for d in tr.domains]]  # same columns, other order
+    t0 = time.time()
+    m = make_predictor(model, seed=seed).fit(tr.weights, target_values(tr, target))
+    t_fit = time.time() - t0
+    pred = m.predict(te.weights)
+    out = rank_metrics(target_values(te, target), pred, goal)
+    out.pop("n")
+    out.update(n_train=len(tr), n_test=len(te), model=m.name, target=target, goal=goal, seed=seed,
+               renormalised_train=tr.renormalised, renormalised_test=te.renormalised,
+               fit_seconds=round(t_fit, 3))
+    if hasattr(m, "alpha"):
+        out["blend_weight_smooth"] = m.alpha
+    return _json_safe(out)
+
+
+def _evaluate_cmd(args) -> int:
+    res = evaluate(args.train_weights, args.train_metrics, args.test_weights, args.test_metrics, args.key,
+                   args.target, args.goal, args.model, args.seed)
+    print(json.dumps(res))
+    return 0
+
+
+def _propose_cmd(args) -> int:
+    sw = read_swarm(args.weights, args.metrics, key=args.key, target=args.target)
+    y = target_values(sw, args.target)
+    d = len(sw.domains)
+    prior = np.full(d, 1.0 / d) if args.prior == "uniform" else read_prior(args.prior, sw.domains, key=args.key)
+    rng = np.random.default_rng(args.seed)
+    pool = sample_candidates(prior, args.pool, rng, min_weight=args.min_weight)
+    if len(pool) < args.n:
+        raise ValueError(f"the candidate pool has {len(pool)} distinct mixtures, fewer than --n {args.n}; "
+                         f"raise --pool")
+    W, pred = propose(sw.weights, y, args.goal, pool, args.n, predictor_name=args.model, seed=args.seed,
+                      explore_frac=args.explore_frac, min_l1=args.min_l1)
+    out = Path(args.out)
+    keys = [f"proposal-{i:03d}" for i in range(len(W))]
+    pred_path = out.with_name(out.stem + "_predicted" + (out.suffix or ".csv"))
+    write_swarm(out, pred_path, keys, sw.domains, W, {f"predicted:{args.target}": pred}, key=args.key)
+    best = "min" if args.goal == "minimize" else "max"
+    print(json.dumps({"out": str(out), "predicted": str(pred_path), "n": len(W), "n_seen": len(sw),
+                      "pool": len(pool), "model": args.model, f"predicted_{best}": float(getattr(np, best)(pred))}))
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--key", default="index", help="key column joining weights and metrics (default: index)")
+    p.add_argument("--target", required=True, help="metric column to predict")
+    p.add_argument("--goal", required=True, choices=("minimize", "maximize"))
+    p.add_argument("--model", default="default", choices=PREDICTORS, help="predictor (default: default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-v", "--verbose", action="count", default=0, help="log progress to stderr")
+
+
+def _run(func):
+    def handler(args) -> int:
+        try:
+            return func(args)
+        except ValueError as e:  # bad input files or options: one clear line, exit 2
+            print(f"climb predictor: error: {e}", file=sys.stderr)
+            return 2
+    return handler
+
+
+def add_predictor_parser(subparsers) -> None:
+    """Add `predictor evaluate|propose` to an argparse subparsers object."""
+    p = subparsers.add_parser("predictor", help="mixture predictor on swarm CSVs: evaluate, propose")
+    sub = p.add_subparsers(dest="predictor_command", required=True)
+    ev = sub.add_parser("evaluate", help="fit on one swarm, rank another; prints one JSON object")
+    for s in ("train", "test"):
+        ev.add_argument(f"--{s}-weights", required=True, help=f"{s} weights CSV (key + one column per domain)")
+        ev.add_argument(f"--{s}-metrics", required=True, help=f"{s} metrics CSV (key + metric columns)")
+    _common(ev)
+    ev.set_defaults(func=_run(_evaluate_cmd))
+    pr = sub.add_parser("propose", help="write the next N mixtures to train as a weights CSV")
+    pr.add_argument("--weights", required=True, help="swarm weights CSV")
+    pr.add_argument("--metrics", required=True, help="swarm metrics CSV")
+    pr.add_argument("--n", type=int, required=True, help="how many mixtures to propose")
+    pr.add_argument("--out", required=True, help="weights CSV to write")
+    pr.add_argument("--prior", default="uniform",
+                    help="'uniform' or a CSV with one weights row (e.g. natural token shares)")
+    pr.add_argument("--pool", type=int, default=100_000, help="candidate pool size (default 100000)")
+    pr.add_argument("--explore-frac", type=float, default=0.25, help="share of exploration slots (default 0.25)")
+    pr.add_argument("--min-l1", type=float, default=0.05, help="L1 gap between proposals (default 0.05)")
+    pr.add_argument("--min-weight", type=float, default=0.0, help="zero candidate weights below this")
+    _common(pr)
+    pr.set_defaults(func=_run(_propose_cmd))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m climb.predictor_cli")
+    add_predictor_parser(ap.add_subparsers(dest="command", required=True))
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

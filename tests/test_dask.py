@@ -1,0 +1,460 @@
+"""The Dask backend: the same files as the in-process run, and a killed worker loses nothing.
+
+- `test_dask_run_equals_local_run`: embed -> cluster -> search -> export on a
+  tiny corpus, in-process and on a 2-process `LocalCluster`; every output file
+  is compared (search results keyed by mixture id: arrival order may differ).
+- `test_builtin_proxies_equal_on_dask`: the built-in trainer (CPU, one thread)
+  gives the same records in a worker process as in this one.
+- `test_killed_worker_mid_search`: a real `dask scheduler` and two `dask worker`
+  processes; one is SIGKILLed (with its children) while it trains a proxy; the
+  search completes on the other worker with nothing lost or duplicated and the
+  same results as the undisturbed in-process run.
+- `test_gpu_worker_lost_falls_back`: the only worker with a `GPU` resource dies
+  mid-swarm; the waiting tasks run on the plain worker after the grace period.
+
+Worker processes load the real embedding model (offline, from its pip package);
+the external "trainer" is tests/helpers/quadratic_proxy.py. Every process a
+test starts is killed by a finalizer (process group, SIGKILL as last resort).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from climb import cluster, embed, executor, export, search
+from climb.config import ConfigError, load_config
+from climb.executor import DaskExecutor, LocalExecutor
+from climb.proxy import train_and_score
+from climb.stage import RunPaths
+
+from conftest import vocab_docs, write_parquet_shards
+
+distributed = pytest.importorskip("distributed")
+
+HELPER = Path(__file__).parent / "helpers" / "quadratic_proxy.py"
+ITERATIONS = (6, 4)
+N_PROXIES = sum(ITERATIONS) + 3  # + the final comparison: climb, uniform, natural
+
+
+def _env() -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
+               MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONUNBUFFERED="1")
+    env.pop("CLIMB_DASK_DASHBOARD", None)
+    return env
+
+
+# ------------------------------------------------------------------ the predictor
+# The search plans mixtures with climb.predictor (client side only: workers never
+# import it). Where that module is not there yet, a small deterministic stand-in
+# with the same interface lets these tests exercise the Dask paths anyway.
+def _stub_modules() -> dict[str, types.ModuleType]:
+    pred = types.ModuleType("climb.predictor")
+
+    def sample_candidates(prior, n, rng, concentrations=(1.0,), temperature=1.0, min_weight=0.0,
+                          max_weight=None, **_):
+        base = np.asarray(prior, float) ** temperature
+        base /= base.sum()
+        cap = np.ones_like(base) if max_weight is None else np.asarray(max_weight, float)
+        out = []
+        for j in range(n):
+            w = rng.dirichlet(base * concentrations[j % len(concentrations)] + 1e-3)
+            w = np.where(cap > 0, np.minimum(w, cap), 0.0)
+            w = np.where(w < min_weight, 0.0, w)
+            out.append(w / w.sum() if w.sum() > 0 else base)
+        return np.array(out)
+
+    class Quadratic:
+        name = "stub-quadratic"
+
+        def fit(self, X, y):
+            self.coef = np.linalg.lstsq(self._f(X), y, rcond=None)[0]
+            return self
+
+        @staticmethod
+        def _f(X):
+            return np.hstack([X, X ** 2, np.ones((len(X), 1))])
+
+        def predict(self, X):
+            return self._f(np.asarray(X, float)) @ self.coef
+
+    def make_predictor(name="default", seed=0, **_):
+        return Quadratic()
+
+    def propose(X, y, goal, pool, n, predictor_name="default", seed=0, **_):
+        p = Quadratic().fit(X, y).predict(pool)
+        order = np.argsort((1 if goal == "minimize" else -1) * p, kind="stable")[:n]
+        return pool[order], p[order]
+
+    def best_mixture(model, pool, goal, top_k=1):
+        p = model.predict(pool)
+        return pool[np.argsort((1 if goal == "minimize" else -1) * p, kind="stable")[:top_k]].mean(0)
+
+    pred.__dict__.update(sample_candidates=sample_candidates, make_predictor=make_predictor,
+                         propose=propose, best_mixture=best_mixture)
+    swarm = types.ModuleType("climb.swarm")
+
+    def write_swarm(wpath, mpath, ids, columns, W, metrics):
+        Path(wpath).write_text("\n".join([",".join(["mixture_id", *columns])] + [
+            ",".join([i, *map(repr, map(float, w))]) for i, w in zip(ids, W)]) + "\n")
+        Path(mpath).write_text("mixture_id\n" + "\n".join(ids) + "\n")
+
+    swarm.write_swarm = write_swarm
+    return {"climb.predictor": pred, "climb.swarm": swarm}
+
+
+@pytest.fixture(scope="module")
+def planner():
+    """climb.predictor / climb.swarm, or the stand-ins where they are missing."""
+    import climb
+    added = []
+    for name, mod in _stub_modules().items():
+        try:
+            __import__(name)
+        except ImportError:
+            sys.modules[name] = mod
+            setattr(climb, name.split(".")[1], mod)
+            added.append(name)
+    yield added
+    for name in added:
+        sys.modules.pop(name, None)
+        delattr(climb, name.split(".")[1])
+
+
+# ------------------------------------------------------------------ configs and runs
+def _config(corpus: Path, *extra: str, command: str | None = None):
+    command = command or f"{sys.executable} {HELPER} {{weights}} {{out}}"
+    return load_config(None, [
+        f'corpus.paths=["{corpus}/*.parquet"]', "embed.max_seq_length=32", "embed.batch_size=16",
+        'embed.device="cpu"', "cluster.k=4", "cluster.niter=10",
+        "proxy.vocab_size=300", "proxy.seq_len=16", "proxy.tokenizer_docs=100", f'proxy.command="{command}"',
+        'target.objective=["loss"]', 'target.goal="minimize"', 'target.texts=["x"]',
+        f"search.iterations={list(ITERATIONS)}", "search.pool_size=2000", "search.min_weight=0.0",
+        "search.epoch_cap=100.0", "export.token_budget=3000", "export.rows_per_shard=7", *extra])
+
+
+def _run(cfg, root: Path) -> RunPaths:
+    paths = RunPaths(root)
+    paths.save_config(cfg)
+    for stage in (embed, cluster, search, export):
+        stage.run(cfg, paths)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("dask-corpus")
+    write_parquet_shards(folder, vocab_docs(30, seed=3), 3)  # 90 short documents in 3 shards
+    return folder
+
+
+@pytest.fixture(scope="module")
+def local_run(corpus, planner, tmp_path_factory):
+    """The undisturbed in-process run every Dask run is compared with."""
+    return _run(_config(corpus), tmp_path_factory.mktemp("local") / "run")
+
+
+@pytest.fixture(scope="module")
+def shared_clusters():
+    """Close the local clusters / clients the executor shares between stages."""
+    yield
+    executor.shutdown()
+
+
+# ------------------------------------------------------------------ comparisons
+def _results(paths: RunPaths) -> dict[str, dict]:
+    recs = search.read_results(paths)
+    ids = [r["mixture_id"] for r in recs]
+    assert len(ids) == len(set(ids)), f"duplicated mixture ids: {sorted(i for i in ids if ids.count(i) > 1)}"
+    return {r["mixture_id"]: {k: v for k, v in r.items() if k != "seconds"} for r in recs}
+
+
+def _json(p: Path) -> dict:
+    return json.loads(p.read_text())
+
+
+def _comparison(paths: RunPaths) -> dict:
+    return {n: {k: v for k, v in r.items() if k != "seconds"}
+            for n, r in _json(paths.root / "search" / "comparison.json").items()}
+
+
+def _assert_search_equal(a: RunPaths, b: RunPaths) -> None:
+    ra, rb = _results(a), _results(b)
+    assert sorted(ra) == sorted(rb) and len(ra) == sum(ITERATIONS)
+    for mid in ra:
+        assert ra[mid] == rb[mid], mid
+    for it in range(len(ITERATIONS)):
+        assert _json(a.root / "search" / f"plan_{it}.json") == _json(b.root / "search" / f"plan_{it}.json")
+    assert _json(a.root / "search" / "mixture.json") == _json(b.root / "search" / "mixture.json")
+    assert _comparison(a) == _comparison(b)
+
+
+def _assert_tables_equal(a: Path, b: Path) -> None:
+    ta, tb = pq.read_table(a), pq.read_table(b)
+    assert ta.equals(tb), f"{a} != {b}"
+
+
+def _files(root: Path, pattern: str) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.glob(pattern))
+
+
+# ------------------------------------------------------------------ same answer
+def test_dask_run_equals_local_run(corpus, local_run, shared_clusters, tmp_path):
+    cfg = _config(corpus, 'executor.kind="dask"', "executor.dask_workers=2", "executor.dask_threads_per_worker=1")
+    dask_run = _run(cfg, tmp_path / "run")
+    a, b = local_run.root, dask_run.root
+    # embed: identical vectors and ids per shard
+    assert _files(a / "embed", "*.npy") == _files(b / "embed", "*.npy") and len(_files(a / "embed", "*.npy")) == 3
+    for f in _files(a / "embed", "*.npy"):
+        np.testing.assert_array_equal(np.load(a / "embed" / f), np.load(b / "embed" / f))
+    for f in _files(a / "embed", "*.ids.parquet"):
+        _assert_tables_equal(a / "embed" / f, b / "embed" / f)
+    # cluster: centroids, fine and final assignments, the summary
+    np.testing.assert_array_equal(np.load(a / "cluster" / "centroids.npy"), np.load(b / "cluster" / "centroids.npy"))
+    for sub in ("fine", "assign"):
+        names = _files(a / "cluster" / sub, "*.parquet")
+        assert names == _files(b / "cluster" / sub, "*.parquet") and len(names) == 3
+        for f in names:
+            _assert_tables_equal(a / "cluster" / sub / f, b / "cluster" / sub / f)
+    assert _json(a / "cluster" / "clusters.json") == _json(b / "cluster" / "clusters.json")
+    # search: token stores (per shard then merged), plans, results by mixture id, final mixture
+    toks = _files(a / "search" / "tokens", "**/*.bin")
+    assert toks == _files(b / "search" / "tokens", "**/*.bin") and toks
+    for f in toks:
+        assert (a / "search" / "tokens" / f).read_bytes() == (b / "search" / "tokens" / f).read_bytes(), f
+    assert _json(a / "search" / "tokens" / "index.json") == _json(b / "search" / "tokens" / "index.json")
+    _assert_search_equal(local_run, dask_run)
+    # export: the same files holding the same document ids in the same order
+    data = _files(a / "export" / "data", "**/*.parquet")
+    assert data == _files(b / "export" / "data", "**/*.parquet") and len(data) > 3
+    for f in data:
+        _assert_tables_equal(a / "export" / "data" / f, b / "export" / "data" / f)
+    assert _json(a / "export" / "mixture.json") == _json(b / "export" / "mixture.json")
+    for f in ("megatron_blend.txt", "interleave.json"):
+        assert (a / "export" / f).read_text() == (b / "export" / f).read_text()
+
+
+def test_builtin_proxies_equal_on_dask(local_run, shared_clusters):
+    """Built-in trainer, CPU, one thread per worker: bit-identical records in a worker process."""
+    cfg = load_config(local_run.root / "config.toml")
+    pc = dataclasses.replace(cfg.proxy, command="", n_layer=1, n_embd=32, steps=6, batch_size=4,
+                             warmup_steps=2, device="cpu")
+    shard = sorted(cfg.corpus.paths)[0].replace("*.parquet", "part-00000.parquet")
+    tc = dataclasses.replace(cfg.target, texts=(shard,), objective=("bpb",))
+    k = _json(local_run.root / "search" / "tokens" / "index.json")["n_clusters"]
+    tasks = [search._task(dataclasses.replace(cfg, proxy=pc, target=tc), local_run, f"b{j}", 0,
+                          np.roll(np.arange(1, k + 1), j) / (k * (k + 1) / 2), seed=j) for j in range(3)]
+    here = LocalExecutor().map(train_and_score, tasks)
+    with DaskExecutor("", workers=2, threads_per_worker=1) as ex:
+        there = ex.map(train_and_score, tasks, resources={"GPU": 1})
+    strip = [{k: v for k, v in r.items() if k != "seconds"} for r in here]
+    assert all(r["status"] == "ok" for r in here), here
+    assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in there]
+
+
+# ------------------------------------------------------------------ real scheduler and workers
+class DaskProcesses:
+    """A `dask scheduler` and `dask worker`s on 127.0.0.1, each in its own process group."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.sched_file = folder / "scheduler.json"
+        self.procs: list[subprocess.Popen] = []
+        self.workers: dict[str, subprocess.Popen] = {}
+        self.address = ""
+
+    def _start(self, args: list[str], name: str) -> subprocess.Popen:
+        log = open(self.folder / f"{name}.log", "wb")
+        p = subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT,
+                             env=_env(), cwd=os.getcwd(), start_new_session=True)
+        log.close()
+        self.procs.append(p)
+        return p
+
+    def scheduler(self) -> str:
+        self._start(["distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0",
+                     "--no-dashboard", "--scheduler-file", str(self.sched_file)], "scheduler")
+        deadline = time.time() + 60
+        while not self.sched_file.exists():
+            assert self.procs[0].poll() is None, (self.folder / "scheduler.log").read_text()
+            assert time.time() < deadline, "the scheduler did not start"
+            time.sleep(0.1)
+        self.address = json.loads(self.sched_file.read_text())["address"]
+        return self.address
+
+    def worker(self, name: str, *extra: str) -> None:
+        self.workers[name] = self._start(
+            ["distributed.cli.dask_worker", "--scheduler-file", str(self.sched_file), "--name", name,
+             "--nthreads", "1", "--no-nanny", "--no-dashboard", "--memory-limit", "0",
+             "--local-directory", str(self.folder / f"{name}-scratch"), *extra], name)
+
+    def wait_for_workers(self, n: int) -> None:
+        from distributed import Client
+        with Client(self.address, timeout=30) as c:
+            c.wait_for_workers(n, timeout=90)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a worker and every process it started (its process group): a node lost."""
+        p = self.workers[name]
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+
+    def close(self) -> None:
+        """SIGKILL every process group started (workers first); their scratch space is in tmp_path."""
+        for p in reversed(self.procs):
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # the process and anything it started
+            except ProcessLookupError:
+                pass
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.fixture
+def dask_processes(tmp_path, request):
+    procs = DaskProcesses(tmp_path)
+    request.addfinalizer(procs.close)
+    request.addfinalizer(executor.shutdown)  # runs first: clients go before their scheduler
+    return procs
+
+
+SLOW = '''import json, os, subprocess, sys, time
+weights, out, log, delay = sys.argv[1:5]
+mid = json.load(open(weights))["mixture_id"]
+def note(what):
+    with open(log, "a") as fh:
+        fh.write(f"{what} {mid} {os.getpgid(0)}\\n")
+note("start")
+time.sleep(float(delay))
+subprocess.run([sys.executable, HELPER, weights, out], check=True)
+note("end")
+'''
+
+
+def _slow_command(folder: Path, delay: float) -> tuple[str, Path]:
+    script, log = folder / "slow_proxy.py", folder / "proxy.log"
+    script.write_text(f"HELPER = {str(HELPER)!r}\n" + SLOW)
+    return f"{sys.executable} {script} {{weights}} {{out}} {log} {delay}", log
+
+
+def _log(log: Path) -> list[tuple[str, str, int]]:
+    if not log.exists():
+        return []
+    return [(w, m, int(g)) for w, m, g in (line.split() for line in log.read_text().splitlines() if line.strip())]
+
+
+def _running(log: Path, pgid: int) -> set[str]:
+    ev = _log(log)
+    return ({m for w, m, g in ev if w == "start" and g == pgid} - {m for w, m, g in ev if w == "end" and g == pgid})
+
+
+def test_killed_worker_mid_search(corpus, local_run, planner, dask_processes, tmp_path):
+    address = dask_processes.scheduler()
+    dask_processes.worker("w0")
+    dask_processes.worker("w1")
+    dask_processes.wait_for_workers(2)
+    command, log = _slow_command(tmp_path, 0.6)
+    cfg = _config(corpus, f'executor.dask_address="{address}"', command=command)
+    # Same corpus, embeddings and clusters as the undisturbed run; the search runs on the workers.
+    paths = RunPaths(tmp_path / "run")
+    paths.save_config(cfg)
+    for stage in ("embed", "cluster"):
+        shutil.copytree(local_run.root / stage, paths.root / stage)
+    error: list[BaseException] = []
+
+    def run_search():
+        try:
+            search.run(cfg, paths)
+        except BaseException as e:  # reported by the main thread
+            error.append(e)
+
+    t = threading.Thread(target=run_search, daemon=True)
+    t.start()
+    victim = dask_processes.workers["w0"].pid
+    deadline = time.time() + 90
+    # Kill w0 while it is training a proxy, after some results have been written.
+    while not (len(search.read_results(paths)) >= 2 and _running(log, victim)):
+        assert t.is_alive(), f"the search ended before the kill: {error}"
+        assert time.time() < deadline, "the search never got going"
+        time.sleep(0.05)
+    interrupted = _running(log, victim)
+    written = len(search.read_results(paths))
+    dask_processes.kill("w0")
+    t.join(timeout=120)
+    assert not t.is_alive(), "the search did not finish on the remaining worker"
+    assert not error, error
+    assert written < sum(ITERATIONS)  # the kill really was mid-stage
+    results = _results(paths)  # no duplicated mixture ids
+    assert interrupted <= set(results)  # the proxy w0 was training was redone elsewhere
+    survivor = dask_processes.workers["w1"].pid
+    assert {m for w, m, g in _log(log) if w == "end" and g == survivor} >= interrupted
+    _assert_search_equal(local_run, paths)  # nothing lost: the same answer as undisturbed
+    assert json.loads(paths.manifest("search").read_text())["stats"]["proxies"] == sum(ITERATIONS)
+
+
+def test_gpu_worker_lost_falls_back(corpus, local_run, dask_processes, tmp_path, monkeypatch):
+    """The only GPU worker dies mid-swarm: the rest of the swarm runs on the CPU worker."""
+    monkeypatch.setenv("CLIMB_DASK_RESOURCE_GRACE_S", "1")
+    address = dask_processes.scheduler()
+    dask_processes.worker("gpu", "--resources", "GPU=1")
+    dask_processes.worker("cpu")
+    dask_processes.wait_for_workers(2)
+    command, log = _slow_command(tmp_path, 0.4)
+    cfg = _config(corpus, command=command)
+    tasks = [search._task(cfg, local_run, f"m{j}", 0, np.eye(4)[j % 4] * 0.5 + 0.125, seed=0) for j in range(5)]
+    gpu, cpu = dask_processes.workers["gpu"].pid, dask_processes.workers["cpu"].pid
+    seen: list[int] = []
+    out: list = []
+    with DaskExecutor(address) as ex:
+        t = threading.Thread(target=lambda: out.append(
+            ex.map(train_and_score, tasks, resources={"GPU": 1}, on_result=lambda i, r: seen.append(i))))
+        t.start()
+        deadline = time.time() + 60
+        while not _running(log, gpu):
+            assert time.time() < deadline and t.is_alive(), "no task started on the GPU worker"
+            time.sleep(0.05)
+        assert not {g for w, m, g in _log(log)} - {gpu}  # GPU tasks went to the GPU worker only
+        dask_processes.kill("gpu")
+        t.join(timeout=60)
+        assert not t.is_alive(), "the map hung after its only GPU worker died"
+    assert sorted(seen) == list(range(5))  # each result once
+    assert [r["mixture_id"] for r in out[0]] == [f"m{j}" for j in range(5)]
+    assert all(r["status"] == "ok" for r in out[0])
+    assert {g for w, m, g in _log(log) if w == "end"} == {cpu}
+
+
+# ------------------------------------------------------------------ configuration
+def test_cli_executor_options():
+    from climb.cli import _config, build_parser
+    args = build_parser().parse_args(["cluster", "--config", "pipelines/demo.toml", "--executor", "dask",
+                                      "--dask-workers", "3"])
+    cfg, _ = _config(args)
+    assert (cfg.executor.kind, cfg.executor.dask_workers, cfg.executor.dask_address) == ("dask", 3, "")
+    args = build_parser().parse_args(["run", "--config", "pipelines/demo.toml", "--dask-address",
+                                      "tcp://10.0.0.5:8786"])
+    cfg, _ = _config(args)
+    assert (cfg.executor.kind, cfg.executor.dask_address) == ("dask", "tcp://10.0.0.5:8786")
+    assert isinstance(executor.make_executor(cfg.executor), DaskExecutor)
+    assert isinstance(executor.make_executor(load_config(None).executor), LocalExecutor)
+
+
+def test_unreachable_scheduler_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("CLIMB_DASK_CONNECT_TIMEOUT_S", "1")
+    with pytest.raises(ConfigError, match="cannot reach the Dask scheduler at tcp://127.0.0.1:9"):
+        with DaskExecutor("tcp://127.0.0.1:9", reuse=False):
+            pass
