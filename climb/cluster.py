@@ -49,6 +49,12 @@ def _sample(embs: list[np.ndarray], n: int, seed: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
+def _hq_probability(model, text: str) -> float:
+    # The low-level call: fastText's Python wrapper mangles the probability arrays under numpy 2.
+    pairs = model.f.predict(text.replace("\n", " ") + "\n", -1, 0.0, "strict")
+    return float(dict((label, p) for p, label in pairs).get("__label__hq", 0.0))
+
+
 def _quality(task: dict, ids: list[str]) -> np.ndarray | None:
     cc, kc = task["corpus"], task["cluster"]
     if not (kc.quality_column or kc.quality_fasttext):
@@ -64,8 +70,7 @@ def _quality(task: dict, ids: list[str]) -> np.ndarray | None:
         if kc.quality_column:
             scores += [float(x) if x is not None else float("nan") for x in b.extra[kc.quality_column]]
         else:
-            labels, probs = model.predict([t.replace("\n", " ") for t in b.texts], k=-1)
-            scores += [float(dict(zip(ls, ps)).get("__label__hq", 0.0)) for ls, ps in zip(labels, probs)]
+            scores += [_hq_probability(model, t) for t in b.texts]
     if seen != ids:
         raise InputError(f"{task['path']} changed since it was embedded; re-run `climb embed`")
     return np.asarray(scores, dtype=np.float32)

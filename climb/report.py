@@ -19,7 +19,8 @@ import numpy as np
 
 from .config import RunConfig
 from .io import read_json, write_json
-from .search import goal_sign, read_results
+from .predictor import goal_sign
+from .search import read_results
 from .stage import RunPaths, finish, stage_key, upstream_hash
 
 log = logging.getLogger(__name__)

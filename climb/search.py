@@ -33,17 +33,11 @@ from .config import RunConfig
 from .embed import shard_name
 from .executor import make_executor
 from .io import InputError, read_documents, read_json, write_json
+from .predictor import goal_sign
 from .proxy import train_and_score
 from .stage import RunPaths, begin, finish, is_done, skipped, stage_key, upstream_hash
 
 log = logging.getLogger(__name__)
-
-
-def goal_sign(goal: str) -> float:
-    """Multiply a metric by this to get something to minimise."""
-    if goal not in ("minimize", "maximize"):
-        raise ValueError(f"goal must be 'minimize' or 'maximize', got {goal!r}")
-    return 1.0 if goal == "minimize" else -1.0
 
 
 # ---------------------------------------------------------------- preparation

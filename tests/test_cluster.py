@@ -333,3 +333,20 @@ def test_plan_clusters_merge_to_above_survivors_with_threshold():
     fine_to, _ = plan_clusters(ClusterConfig(k=3, merge_to=5, merge_threshold=0.5), cents, np.array([10, 10, 10]))
     assert sorted(set(fine_to.tolist())) == list(range(len(set(fine_to.tolist()))))
     assert (fine_to >= 0).all()
+
+
+def test_prune_by_fasttext_model(tmp_path, corpus, fake_model):
+    """A fastText classifier's __label__hq probability is the quality score."""
+    fasttext = pytest.importorskip("fasttext")
+    docs = _corpus_order(corpus)
+    train = tmp_path / "quality.txt"
+    # "food" documents are low quality, the others high.
+    train.write_text("".join(f"__label__{'lq' if d['label'] == 'food' else 'hq'} {d['text']}\n" for d in docs))
+    model = fasttext.train_supervised(input=str(train), epoch=10, lr=0.5, wordNgrams=1, verbose=0, thread=1, seed=0)
+    model.save_model(str(tmp_path / "quality.bin"))
+    root = tmp_path / "run"
+    stats = _run(root, _cfg(corpus, k=3, quality_fasttext=str(tmp_path / "quality.bin"), min_quality=0.5))
+    a = _assignments(root)
+    food = np.array([d["label"] == "food" for d in docs])
+    assert (a["cluster"][food] == -1).all() and (a["cluster"][~food] >= 0).all()
+    assert stats["pruned_quality"] == int(food.sum())
