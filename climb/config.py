@@ -113,9 +113,10 @@ class TargetConfig:
 class SearchConfig:
     # Proxies per iteration: the paper runs 64 -> 32 -> 16.
     iterations: tuple[int, ...] = (16, 8, 4)
-    # Dirichlet around token shares**temperature, at these concentrations (multiplied by #clusters).
+    # Dirichlet around token shares**temperature, at these concentrations (multiplied by
+    # #clusters). Low values give sparse mixtures that explore far from the prior.
     temperature: float = 0.5
-    concentrations: tuple[float, ...] = (0.5, 1.0, 4.0)
+    concentrations: tuple[float, ...] = (0.1, 0.3, 1.0)
     # No cluster may be repeated more than this many epochs at the export budget.
     epoch_cap: float = 4.0
     # Weights below this are zeroed (and the rest renormalised).
