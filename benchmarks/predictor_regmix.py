@@ -4,9 +4,10 @@ Three parts, in the order they must be run to stay honest:
 
 --select   model selection on the 512 *training* runs only (no test file is opened):
            (A) 5-fold CV x 2 repeats on all 512 runs, (B) fits on random subsets of
-           16/32/64/112 training runs scored on the remaining training runs, (C) two
-           synthetic swarms with a non-smooth response, where trees should win, as a
-           guard for "never worse than plain LightGBM". Rule (fixed before running):
+           16/32/64/112 training runs scored on the remaining training runs (6 draws),
+           (C) synthetic swarms with a non-smooth response (2 kinds x 3 draws, 5-fold x 2
+           repeats), where trees should win, as a guard for "never worse than plain
+           LightGBM". Rule (fixed before running):
            among candidates within 0.002 of plain LightGBM on every full-size cell of
            (A) and (C), the highest mean Spearman over the cells of (A) and (B)
            (a constant prediction, plain LightGBM below 40 rows, counts as 0).
@@ -62,12 +63,12 @@ def candidates(seed=0) -> dict:
         "gp-linear": gp(linear=True),
         "gp-eps1e-4": gp(eps=1e-4),
         "gp-eps1e-2": gp(eps=1e-2),
-        "blend-0.5": lambda: BlendPredictor(gp(), lgbm, grid=(0.5,), seed=seed),
-        "blend-cv": lambda: BlendPredictor(gp(), lgbm, seed=seed),
+        "blend-0.5": lambda: BlendPredictor(gp(), lgbm, grid=(0.5,), seed=seed, name="blend-0.5"),
+        "blend-cv": lambda: BlendPredictor(gp(), lgbm, seed=seed, name="blend-cv"),
     }
 
 
-def train_swarm(tmp: Path):
+def train_swarm():
     """Training weights + metrics with the derived mean-of-13-losses column."""
     w, m = DATA / "train_mixture_1m.csv", DATA / "train_pile_loss_1m.csv"
     sw = read_swarm(w, m)
@@ -90,8 +91,22 @@ def synthetic(kind: str, n=512, d=8, seed=0):
     return X, y + 0.05 * rng.normal(size=n)
 
 
+def _describe(p) -> dict:
+    """A predictor's configuration (members instantiated), to check that the default is the winner."""
+    out = {"class": type(p).__name__}
+    for k, v in vars(p).items():
+        if k == "name" or k.startswith("_"):
+            continue
+        if callable(v) and not isinstance(v, type):
+            v = _describe(v())
+        elif isinstance(v, dict):
+            v = {kk: vv for kk, vv in v.items()}
+        out[k] = v
+    return out
+
+
 def select(res: dict) -> None:
-    sw = train_swarm(None)
+    sw = train_swarm()
     X = sw.weights
     sel_targets = [PILE_CC, GITHUB, MEAN] + [c for c in sw.metrics.columns if c not in (PILE_CC, GITHUB, MEAN)][:3]
     cands = candidates()
@@ -117,21 +132,28 @@ def select(res: dict) -> None:
                     scores.append(_spear(y[idx[n:]], mk().fit(X[idx[:n]], y[idx[:n]]).predict(X[idx[n:]])))
                 B.setdefault(name, {})[f"{t}@{n}"] = float(np.mean(scores))
             log.info("B %-40s n=%-4d %s", t, n, {k: round(v[f'{t}@{n}'], 3) for k, v in B.items()})
-    for kind in ("threshold", "argmax"):  # (C) non-smooth synthetic swarms
-        Xs, ys = synthetic(kind)
+    for kind in ("threshold", "argmax"):  # (C) non-smooth synthetic swarms, 3 draws x 5-fold x 2 repeats
         for name, mk in cands.items():
-            oof = np.zeros(len(ys))
-            for tr, te in KFold(5, shuffle=True, random_state=0).split(Xs):
-                oof[te] = mk().fit(Xs[tr], ys[tr]).predict(Xs[te])
-            C.setdefault(name, {})[kind] = _spear(ys, oof)
-        log.info("C %s %s", kind, {k: round(v[kind], 3) for k, v in C.items()})
+            scores = []
+            for draw in range(3):
+                Xs, ys = synthetic(kind, seed=draw)
+                for rep in range(2):
+                    oof = np.zeros(len(ys))
+                    for tr, te in KFold(5, shuffle=True, random_state=rep).split(Xs):
+                        oof[te] = mk().fit(Xs[tr], ys[tr]).predict(Xs[te])
+                    scores.append(_spear(ys, oof))
+            C.setdefault(name, {})[kind] = float(np.mean(scores))
+        log.info("C %s %s", kind, {k: round(v[kind], 4) for k, v in C.items()})
     ref = "lightgbm"
     eligible = [c for c in cands if all(A[c][t] >= A[ref][t] - 0.002 for t in A[ref])
                 and all(C[c][k] >= C[ref][k] - 0.002 for k in C[ref])]
     score = {c: float(np.mean(list(A[c].values()) + list(B[c].values()))) for c in cands}
     winner = max(eligible, key=score.get) if eligible else ref
-    res["select"] = {"targets": sel_targets, "cv_full": A, "small_n": B, "synthetic": C, "score": score,
-                     "eligible": eligible, "winner": winner, "rule": __doc__.split("Rule")[1].split("--evaluate")[0]}
+    same = _describe(cands[winner]()) == _describe(make_predictor("default"))
+    (log.info if same else log.warning)("make_predictor('default') %s the CV winner", "is" if same else "is NOT")
+    res["select"] = {"default_is_winner": same, "targets": sel_targets, "cv_full": A, "small_n": B, "synthetic": C,
+                     "score": score, "eligible": eligible, "winner": winner,
+                     "rule": " ".join(__doc__.split("Rule")[1].split("--evaluate")[0].split())}
     log.info("CV winner: %s (eligible: %s)", winner, eligible)
 
 
@@ -162,7 +184,8 @@ def evaluate_all(res: dict, models=("default", "lightgbm", "linear")) -> None:
     res["evaluate"] = rows
     # the CLI path must give the same number as the in-process call above
     cmd = [sys.executable, "-m", "climb.predictor_cli", "predictor", "evaluate",
-           "--train-weights", str(DATA / "train_mixture_1m.csv"), "--train-metrics", str(DATA / "train_pile_loss_1m.csv"),
+           "--train-weights", str(DATA / "train_mixture_1m.csv"),
+           "--train-metrics", str(DATA / "train_pile_loss_1m.csv"),
            "--test-weights", str(DATA / "test_mixture_1m.csv"), "--test-metrics", str(DATA / "test_pile_loss_1m.csv"),
            "--key", "index", "--target", PILE_CC, "--goal", "minimize"]
     cli = json.loads(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout)
@@ -197,38 +220,54 @@ def timing(res: dict) -> None:
 
 
 def fmt(x, nd=4):
-    return "n/a (constant)" if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{nd}f}"
+    return "const." if x is None or (isinstance(x, float) and not np.isfinite(x)) else f"{x:.{nd}f}"
+
+
+def _cell(r) -> str:
+    return f"{fmt(r['spearman'])} / {fmt(r['top1_regret'], 3)}"
+
+
+def _mean(d: dict) -> float:
+    return float(np.mean(list(d.values())))
 
 
 def markdown(res: dict) -> str:
     out = []
     if "select" in res:
         s = res["select"]
-        out.append("#### Selection by CV on the 512 training runs (mean Spearman)\n")
-        out.append("| candidate | 5-fold x2, n=512 (6 targets) | subsets 16-112 (6 targets) | synthetic threshold / argmax | eligible | score |")
-        out.append("|---|---|---|---|---|---|")
+        out += ["#### Selection: CV on the 512 training runs only (mean Spearman)\n",
+                "| candidate | 5-fold x2 on 512 (6 targets) | subsets of 16-112 (6 targets) "
+                "| synthetic threshold / argmax | eligible | score |", "|---|---|---|---|---|---|"]
         for c in s["cv_full"]:
-            out.append(f"| {c}{' **(winner)**' if c == s['winner'] else ''} | {np.mean(list(s['cv_full'][c].values())):.4f} | "
-                       f"{np.mean(list(s['small_n'][c].values())):.4f} | {s['synthetic'][c]['threshold']:.3f} / "
-                       f"{s['synthetic'][c]['argmax']:.3f} | {'yes' if c in s['eligible'] else 'no'} | {s['score'][c]:.4f} |")
+            syn = s["synthetic"][c]
+            out.append(f"| {c}{' **(winner)**' if c == s['winner'] else ''} | {_mean(s['cv_full'][c]):.4f} "
+                       f"| {_mean(s['small_n'][c]):.4f} | {syn['threshold']:.4f} / {syn['argmax']:.4f} "
+                       f"| {'yes' if c in s['eligible'] else 'no'} | {s['score'][c]:.4f} |")
+        w = s["winner"]
+        out += [f"\nPer target, 5-fold x2 on 512 / mean over subsets of 16-112 ({w} vs lightgbm):\n",
+                "| target | " + w + " | lightgbm |", "|---|---|---|"]
+        for t in s["cv_full"][w]:
+            sub = lambda c: np.mean([v for k, v in s["small_n"][c].items() if k.startswith(t + "@")])  # noqa: E731
+            out.append(f"| {t.replace('metric/the_pile_', '')} | {s['cv_full'][w][t]:.4f} / {sub(w):.4f} "
+                       f"| {s['cv_full']['lightgbm'][t]:.4f} / {sub('lightgbm'):.4f} |")
     if "evaluate" in res:
-        out.append("\n#### Fit on 512 training runs, rank the test runs (Spearman / top1_regret)\n")
-        out.append("| target | model | 1M | 60M | 1B |")
-        out.append("|---|---|---|---|---|")
-        for t in dict.fromkeys(r["target"] for r in res["evaluate"]):
-            for m in dict.fromkeys(r["model"] for r in res["evaluate"]):
-                cells = [next(r for r in res["evaluate"] if r["target"] == t and r["model"] == m and r["test"] == s)
-                         for s in TESTS]
-                out.append(f"| {t.replace('metric/the_pile_', '')} | {m} | " +
-                           " | ".join(f"{fmt(c['spearman'])} / {fmt(c['top1_regret'], 3)}" for c in cells) + " |")
+        ev = res["evaluate"]
+        out += ["\n#### Fit on the 512 training runs, rank the test runs (Spearman / top1_regret)\n",
+                "| target | model | 1M | 60M | 1B |", "|---|---|---|---|---|"]
+        for t in dict.fromkeys(r["target"] for r in ev):
+            for m in dict.fromkeys(r["model"] for r in ev):
+                cells = [next(r for r in ev if r["target"] == t and r["model"] == m and r["test"] == x) for x in TESTS]
+                out.append(f"| {t.replace('metric/the_pile_', '')} | {m} | " + " | ".join(map(_cell, cells)) + " |")
     if "small_n" in res:
-        out.append("\n#### Fit on the first n training runs, rank the 1M test runs (pile_cc; Spearman / top1_regret)\n")
-        models = list(dict.fromkeys(r["model"] for r in res["small_n"]))
-        out.append("| n | " + " | ".join(models) + " |")
-        out.append("|---|" + "---|" * len(models))
-        for n in dict.fromkeys(r["n_train"] for r in res["small_n"]):
-            cells = [next(r for r in res["small_n"] if r["n_train"] == n and r["model"] == m) for m in models]
-            out.append(f"| {n} | " + " | ".join(f"{fmt(c['spearman'])} / {fmt(c['top1_regret'], 3)}" for c in cells) + " |")
+        sn = res["small_n"]
+        models = list(dict.fromkeys(r["model"] for r in sn))
+        out += ["\n#### Fit on the first n training runs, rank the 1M test runs (pile_cc; Spearman / top1_regret)\n",
+                "| n | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
+        for n in dict.fromkeys(r["n_train"] for r in sn):
+            cells = [next(r for r in sn if r["n_train"] == n and r["model"] == m) for m in models]
+            out.append(f"| {n} | " + " | ".join(map(_cell, cells)) + " |")
+    if "timing" in res:
+        out.append(f"\nTiming: {res['timing']}")
     return "\n".join(out)
 
 

@@ -66,7 +66,7 @@ def _run_stage(args) -> int:
         raw = Path(args.weights).read_text() if Path(args.weights).exists() else args.weights
         w = json.loads(raw)
         pipeline.run_stage("search", cfg, run_dir)
-        export.run(cfg, RunPaths(run_dir), weights=w["weights"] if isinstance(w, dict) else w)
+        export.run(cfg, RunPaths(run_dir.resolve()), weights=w["weights"] if isinstance(w, dict) else w)
     else:
         pipeline.run_stage(args.command, cfg, run_dir)
     return 0

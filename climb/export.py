@@ -101,7 +101,7 @@ def _shard_docs(paths: RunPaths, shard: str) -> tuple[np.ndarray, np.ndarray]:
 def write_shard(task: dict) -> dict:
     """Write the chosen documents of one corpus shard, grouped by cluster."""
     copies = np.load(task["copies"])
-    clusters = np.asarray(task["clusters"])
+    clusters = np.load(task["clusters"])
     cc = task["corpus"]
     rows: dict[int, dict[str, list]] = {}
     row = 0
@@ -158,7 +158,9 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
         cfile = edir / "plan" / f"{s}.npy"
         cfile.parent.mkdir(parents=True, exist_ok=True)
         np.save(cfile, copies[start:start + len(cl)])
-        tasks.append({"shard": s, "path": str(files[s]), "copies": str(cfile), "clusters": cl.tolist(),
+        np.save(edir / "plan" / f"{s}.clusters.npy", cl)
+        tasks.append({"shard": s, "path": str(files[s]), "copies": str(cfile),
+                      "clusters": str(edir / "plan" / f"{s}.clusters.npy"),
                       "corpus": cfg.corpus, "out_dir": str(edir / "data"), "export_dir": str(edir),
                       "rows_per_shard": cfg.export.rows_per_shard, "seed": cfg.export.seed + i})
         start += len(cl)

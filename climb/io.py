@@ -87,6 +87,8 @@ def resolve_corpus_files(patterns: Sequence[str], run_dir: Path | None = None,
             raise InputError(f"no corpus files match {pat!r}; check corpus.paths in the config "
                              "(e.g. --set corpus.paths=['data/*.parquet'])")
         files += found
+    # Absolute paths: Dask workers may run in another working directory.
+    files = [f.resolve() for f in files]
     for f in files:
         _kind(f)
     if max_shards:

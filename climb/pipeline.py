@@ -27,7 +27,7 @@ def run_stage(stage: str, cfg: RunConfig, run_dir: str | Path, with_deps: bool =
     """Run one stage (and, by default, every stage before it; finished ones are skipped)."""
     if stage not in _RUN:
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
-    paths = RunPaths(Path(run_dir))
+    paths = RunPaths(Path(run_dir).resolve())
     paths.save_config(cfg)
     order = STAGES[: STAGES.index(stage) + 1] if with_deps else (stage,)
     # export is not a dependency of report; it runs when asked or with `run`.
@@ -40,7 +40,7 @@ def run_stage(stage: str, cfg: RunConfig, run_dir: str | Path, with_deps: bool =
 
 
 def run_all(cfg: RunConfig, run_dir: str | Path) -> dict:
-    paths = RunPaths(Path(run_dir))
+    paths = RunPaths(Path(run_dir).resolve())
     paths.save_config(cfg)
     out = {}
     for s in STAGES:

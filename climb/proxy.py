@@ -35,7 +35,8 @@ _CACHE: dict = {}
 
 def load_target(tc: TargetConfig, run_dir: Path) -> dict:
     """Target texts and task items, cached per process (Dask workers reuse them)."""
-    key = ("target", json.dumps([tc.texts, tc.text_column, sorted(tc.tasks.items()), tc.task_limit]), str(run_dir))
+    key = ("target", json.dumps([tc.texts, tc.text_column, sorted(tc.tasks.items()), tc.task_limit]), str(run_dir),
+           tuple(_stamp(f) for f in resolve_corpus_files(tc.texts, run_dir)) if tc.texts else ())
     if key not in _CACHE:
         from proxies.evaluate import load_tasks
         texts: list[str] = []
@@ -76,10 +77,18 @@ def evaluate(model, tokenizer, tc: TargetConfig, run_dir: Path, device: str) -> 
     return metrics
 
 
+def _stamp(path: Path) -> tuple:
+    st = path.stat()
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 def _resources(search_dir: Path):
     from proxies.tokenizer import load_tokenizer
     from proxies.tokens import TokenStore
-    key = ("store", str(search_dir))
+    # Keyed by the files' identity too: a long-lived worker must not serve a store
+    # that a changed config has since rebuilt in the same folder.
+    key = ("store", str(search_dir), _stamp(search_dir / "tokens" / "index.json"),
+           _stamp(search_dir / "tokenizer.json"))
     if key not in _CACHE:
         _CACHE[key] = (TokenStore(search_dir / "tokens"), load_tokenizer(search_dir / "tokenizer.json"))
     return _CACHE[key]

@@ -250,9 +250,10 @@ def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict) -> dict:
     names = ["climb"] + [b for b in cfg.search.baselines if b in mixtures]
     todo = [n for n in names if n not in have]
     tasks = [_task(cfg, paths, f"final-{n}", -1, mixtures[n], cfg.search.eval_seed) for n in todo]
-    for n, rec in zip(todo, ex.map(train_and_score, tasks, desc="final comparison", resources={"GPU": 1})):
-        have[n] = rec
+    def keep(i: int, rec: dict) -> None:
+        have[todo[i]] = rec
         write_json(out_file, have)
+    ex.map(train_and_score, tasks, desc="final comparison", resources={"GPU": 1}, on_result=keep)
     table = {n: have[n]["objective"] for n in names}
     log.info("final comparison (%s, %s): %s", ",".join(cfg.target.objective), cfg.target.goal,
              {k: round(v, 4) if v is not None else None for k, v in table.items()})
