@@ -81,11 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
              "export": "write the optimised dataset and blend files", "report": "plots and summary page"}
     for s in STAGES:
         _stage_parser(sub, s, helps[s]).set_defaults(func=_run_stage)
-    try:
-        from .predictor_cli import add_predictor_parser
-        add_predictor_parser(sub)
-    except ImportError:
-        pass
+    from .predictor_cli import add_predictor_parser
+    add_predictor_parser(sub)
     return ap
 
 
