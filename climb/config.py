@@ -129,8 +129,10 @@ class SearchConfig:
     # Final mixture: the best predicted one, or the mean of the top k.
     final_top_k: int = 1
     seed: int = 0
-    # Seed for the final comparison proxies; never used by the search itself.
+    # Seeds for the final comparison proxies (eval_seed, eval_seed + 1, ...); the
+    # search itself never uses them. Each compared mixture is trained eval_seeds times.
     eval_seed: int = 10_007
+    eval_seeds: int = 3
     # Baselines trained alongside the found mixture for the comparison table.
     baselines: tuple[str, ...] = ("uniform", "natural")
 

@@ -3,18 +3,18 @@
 A predictor maps mixture weights (rows summing to 1) to the raw metric a proxy
 reached; callers handle the goal (minimize/maximize). Names (`make_predictor`):
 
-- ``default``: Gaussian process (ARD Matern-5/2 on standardised log weights) blended
-  with plain LightGBM; the blend weight is chosen per fit by inner cross-validation
-  (pooled out-of-fold Spearman) on the results it is given, so a swarm whose
-  response is not smooth falls back to the trees. Chosen by repeated K-fold on
-  RegMix's *training* swarm only: ``python benchmarks/predictor_regmix.py --select``.
-- ``gp``: the Gaussian process alone (also the default's fallback below 10 results).
+- ``default``: a Gaussian process (ARD Matern-5/2 on standardised log weights)
+  blended with plain LightGBM, the blend weight chosen at every fit by inner 5-fold
+  CV (pooled out-of-fold Spearman) on the results given, so a swarm whose response
+  is not smooth falls back to the trees; below 10 results, the GP alone. Chosen by
+  CV on RegMix's *training* runs only: ``benchmarks/predictor_regmix.py --select``.
+- ``gp``: the Gaussian process alone.
 - ``lightgbm``: plain LightGBM, 1,000 trees, learning rate 0.01, otherwise defaults.
 - ``lightgbm-log``: the same on weights plus log weights.
 - ``linear``: least squares on the weights.
 
-The search step: `sample_candidates` (Dirichlet pool around a prior),
-`propose` (best predicted, diverse, plus exploration) and `best_mixture`.
+The search step: `sample_candidates` (Dirichlet pool around a prior), `propose`
+(best predicted, diverse, plus exploration) and `best_mixture`.
 
     from climb.predictor import make_predictor, rank_metrics
     m = make_predictor("default").fit(X_train, y_train)
@@ -30,23 +30,21 @@ from scipy.linalg import cho_solve, lapack
 from scipy.optimize import minimize
 from scipy.spatial import cKDTree
 from scipy.stats import pearsonr, spearmanr
+from threadpoolctl import threadpool_limits
 
 log = logging.getLogger(__name__)
 
-LOG_EPS = 1e-3  # log(w + eps): RegMix rounds to 1e-3 and CLIMB zeroes weights below ~1e-2
+LOG_EPS = 1e-3  # log(w + eps); 1e-4 and 1e-2 did worse in `predictor_regmix.py --select`
 
 
 class Predictor(Protocol):
     name: str
-
-    def fit(self, X: np.ndarray, y: np.ndarray) -> "Predictor": ...
-
-    def predict(self, X: np.ndarray) -> np.ndarray: ...
+    def fit(self, X: np.ndarray, y: np.ndarray) -> "Predictor": ...  # noqa: E301
+    def predict(self, X: np.ndarray) -> np.ndarray: ...  # noqa: E301
 
 
 def _blas_one_thread():
     # n <= a few thousand: multithreaded BLAS on 2 shared cores is 5-10x slower than one thread.
-    from threadpoolctl import threadpool_limits
     return threadpool_limits(limits=1, user_api="blas")
 
 
@@ -180,18 +178,15 @@ class LinearPredictor:
 
 
 def _spearman(a, b) -> float:
-    if np.ptp(a) == 0 or np.ptp(b) == 0:
-        return float("nan")
-    return float(spearmanr(a, b).statistic)
+    return float("nan") if np.ptp(a) == 0 or np.ptp(b) == 0 else float(spearmanr(a, b).statistic)
 
 
 class BlendPredictor:
     """alpha * smooth + (1 - alpha) * trees, alpha picked by inner K-fold on the fit data.
 
-    Pooled out-of-fold Spearman decides (ties go to the earlier grid entry, i.e. the
-    smooth model); below `min_n` results there are too few rows to judge and the
-    smooth model is used alone, since trees cannot split on a handful of rows.
-    """
+    Pooled out-of-fold Spearman decides (ties go to the earlier grid entry: more smooth).
+    The smooth model is used alone below `min_n` results, and when the trees cannot
+    split in an inner fold (plain LightGBM needs 40 rows), since then there is nothing to judge."""
 
     def __init__(self, smooth, trees, grid=(1.0, 0.75, 0.5, 0.25, 0.0), folds: int = 5, min_n: int = 10,
                  seed: int = 0, name: str = "default"):
@@ -212,6 +207,8 @@ class BlendPredictor:
                 oof[1, te] = self.trees().fit(X[tr], y[tr]).predict(X[te])
             self.cv_scores = {a: _spearman(a * oof[0] + (1 - a) * oof[1], y) for a in self.grid}
             self.alpha = max(self.grid, key=lambda a: np.nan_to_num(self.cv_scores[a], nan=-2.0))
+            if any(np.ptp(oof[1, te]) == 0 for te in folds):  # trees could not split: their score is fold noise
+                self.alpha = 1.0
             log.info("%s: blend weight of the smooth model %.2f (inner-CV Spearman %s)", self.name, self.alpha,
                      {a: round(s, 4) for a, s in self.cv_scores.items()})
         self.models = [self.smooth().fit(X, y) if self.alpha > 0 else None,
@@ -219,12 +216,8 @@ class BlendPredictor:
         return self
 
     def predict(self, X):
-        out = 0.0
-        if self.models[0] is not None:
-            out = out + self.alpha * self.models[0].predict(X)
-        if self.models[1] is not None:
-            out = out + (1 - self.alpha) * self.models[1].predict(X)
-        return np.asarray(out, float)
+        parts = [w * m.predict(X) for w, m in zip((self.alpha, 1 - self.alpha), self.models) if m is not None]
+        return np.asarray(sum(parts), float)
 
 
 def _registry(seed: int) -> dict:
@@ -233,7 +226,6 @@ def _registry(seed: int) -> dict:
     return {
         "default": lambda: BlendPredictor(gp, lgbm, seed=seed, name="default"),
         "gp": gp,
-        "gp-rbf": lambda: GPPredictor(kernel="rbf", seed=seed, name="gp-rbf"),
         "lightgbm": lgbm,
         "lightgbm-log": lambda: LightGBMPredictor(seed=seed, log_features=True, name="lightgbm-log"),
         "linear": LinearPredictor,
@@ -264,8 +256,7 @@ def rank_metrics(y_true, y_pred, goal: str) -> dict:
     metric's units, oriented so that it is >= 0 (0 = the predicted best is the true best).
     top1_rank: 1 + how many items are truly strictly better than the predicted best.
     """
-    y_true, y_pred = np.asarray(y_true, float), np.asarray(y_pred, float)
-    s = goal_sign(goal)
+    y_true, y_pred, s = np.asarray(y_true, float), np.asarray(y_pred, float), goal_sign(goal)
     pick = int(np.argmin(s * y_pred))
     pearson = float(pearsonr(y_true, y_pred).statistic) if np.ptp(y_pred) > 0 and np.ptp(y_true) > 0 else float("nan")
     return {"spearman": _spearman(y_true, y_pred), "pearson": pearson,
@@ -286,14 +277,32 @@ def _cap(W: np.ndarray, max_weight: np.ndarray, iters: int = 50) -> np.ndarray:
     return W
 
 
+def _close_pairs(W: np.ndarray, r: float) -> np.ndarray:
+    """All (i, j), i < j, with L1(W[i], W[j]) < r. A projection on u in [-1, 1]^d never
+    exceeds the L1 distance, so after sorting by it only a short window needs checking
+    (a KD-tree in 17 dimensions took 4 s for 100k rows, this takes a fraction of that)."""
+    proj = W @ np.random.default_rng(0).uniform(-1, 1, (W.shape[1], 3))
+    order = np.argsort(proj[:, 0], kind="stable")
+    ps, p1, p2, Ws = proj[order, 0], proj[order, 1], proj[order, 2], W[order]
+    active, out, k = np.arange(len(W)), [], 1
+    while len(active):
+        i = active[active + k < len(W)]
+        i = i[ps[i + k] - ps[i] < r]  # sorted: once out of the window, farther offsets are too
+        c = i[(np.abs(p1[i + k] - p1[i]) < r) & (np.abs(p2[i + k] - p2[i]) < r)]  # cheap 1-D filters first
+        close = c[np.abs(Ws[c + k] - Ws[c]).sum(1) < r]
+        out.append(np.sort(np.stack([order[close], order[close + k]], 1), axis=1))
+        active, k = i, k + 1
+    return np.concatenate(out) if out else np.empty((0, 2), int)
+
+
 def dedupe(W: np.ndarray, min_l1: float) -> np.ndarray:
     """Keep rows in order, dropping any within L1 distance < min_l1 of a kept earlier row."""
     if len(W) < 2 or min_l1 <= 0:
         return W
     W = W[np.sort(np.unique(np.round(W, 6), axis=0, return_index=True)[1])]  # exact repeats first: cheap
-    pairs = cKDTree(W).query_pairs(min_l1 * (1 - 1e-9), p=1, output_type="ndarray")
+    pairs = _close_pairs(W, min_l1)
     keep = np.ones(len(W), bool)
-    for i, j in pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))] if len(pairs) else ():
+    for i, j in pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]:
         if keep[i] and keep[j]:  # pairs sorted by i: i's own fate is already settled
             keep[j] = False
     return W[keep]
@@ -313,10 +322,8 @@ def sample_candidates(prior: np.ndarray, n: int, rng: np.random.Generator, conce
     prior = np.asarray(prior, float)
     if prior.ndim != 1 or (prior < 0).any() or prior.sum() <= 0:
         raise ValueError("prior must be a non-negative weight vector with a positive sum")
-    d = prior.size
-    p = prior ** temperature
-    p /= p.sum()
-    support = p > 0
+    d, p = prior.size, prior ** temperature
+    p, support = p / p.sum(), p > 0
     conc = tuple(concentrations) if concentrations is not None else (0.5 * d, 1.0 * d, 4.0 * d)
     if max_weight is not None:
         max_weight = np.broadcast_to(np.asarray(max_weight, float), (d,))
@@ -325,8 +332,7 @@ def sample_candidates(prior: np.ndarray, n: int, rng: np.random.Generator, conce
     out, have = np.empty((0, d)), 0
     for _ in range(5):  # rounds of oversampling until dedupe/rejection leave n rows
         m = max(int(1.3 * (n - have)), 16)
-        parts = [rng.dirichlet(np.maximum(c * p[support], 1e-3), size=-(-m // len(conc))) for c in conc]
-        S = np.vstack(parts)
+        S = np.vstack([rng.dirichlet(np.maximum(c * p[support], 1e-3), size=-(-m // len(conc))) for c in conc])
         W = np.zeros((len(S), d))
         W[:, support] = S
         W[W < min_weight] = 0.0
@@ -336,8 +342,7 @@ def sample_candidates(prior: np.ndarray, n: int, rng: np.random.Generator, conce
             W = _cap(W, max_weight)
             W = W[(W <= max_weight + 1e-9).all(1) & np.isclose(W.sum(1), 1.0)]
         out = dedupe(np.vstack([out, W[rng.permutation(len(W))]]), dedupe_l1)
-        have = len(out)
-        if have >= n:
+        if (have := len(out)) >= n:
             break
     if have < n:
         log.warning("sample_candidates: only %d distinct mixtures of %d asked for", have, n)
@@ -369,24 +374,22 @@ def propose(X_seen, y_seen, goal: str, candidates: np.ndarray, n: int, predictor
         chosen.append(int(i))
         dist[:] = np.minimum(dist, np.abs(C - C[i]).sum(1))
 
-    gap = min_l1
-    while len(chosen) < n - n_explore:
-        ok = order[dist[order] >= gap]
-        if len(ok) == 0:
-            gap /= 2
-            log.warning("propose: relaxing the L1 diversity gap to %.4f", gap)
-            continue
-        take(ok[0])
-    top = order[: max(len(order) // 4, n)]
+    gap, top = min_l1, order[: max(len(order) // 4, n)]
     while len(chosen) < n:
-        i = top[np.argmax(dist[top])]
-        if dist[i] <= 0:  # everything promising already chosen: fall back to the next best
-            i = next(j for j in order if j not in chosen)
-        take(i)
-    idx = np.array(chosen)
+        if len(chosen) < n - n_explore:
+            ok = order[dist[order] >= gap]
+            if not len(ok) and gap > 1e-6:  # too few candidates far enough apart: relax, say so
+                gap /= 2
+                log.warning("propose: relaxing the L1 diversity gap to %.4f", gap)
+                continue
+            i = ok[0] if len(ok) else None
+        else:
+            i = top[np.argmax(dist[top])]
+            i = i if dist[i] > 0 else None
+        take(i if i is not None else next(j for j in order if j not in chosen))
     log.info("propose: %d exploit + %d explore from %d candidates (predictor %s)", n - n_explore, n_explore,
              len(C), model.name)
-    return C[idx], pred[idx]
+    return C[chosen], pred[chosen]
 
 
 def best_mixture(predictor, candidates: np.ndarray, goal: str, top_k: int = 1) -> np.ndarray:

@@ -136,7 +136,7 @@ def add_predictor_parser(subparsers) -> None:
     pr.add_argument("--pool", type=int, default=100_000, help="candidate pool size (default 100000)")
     pr.add_argument("--explore-frac", type=float, default=0.25, help="share of exploration slots (default 0.25)")
     pr.add_argument("--min-l1", type=float, default=0.05, help="L1 gap between proposals (default 0.05)")
-    pr.add_argument("--min-weight", type=float, default=0.0, help="zero candidate weights below this")
+    pr.add_argument("--min-weight", type=float, default=1e-3, help="zero candidate weights below this (default 0.001)")
     _common(pr)
     pr.set_defaults(func=_run(_propose_cmd))
 

@@ -3,8 +3,8 @@
 Plots: cluster sizes, a 2-D map of the clusters (PCA of their centroids,
 sized by documents), objective by iteration, predicted vs measured, and the
 final weights against the natural token shares. The page ends with the
-comparison table (found mixture vs uniform vs natural, each measured by a
-fresh proxy with a seed the search never used), which is also printed and
+comparison table (found mixture vs uniform vs natural, each the mean of fresh
+proxies trained with seeds the search never used), which is also printed and
 written as `report/summary.json`.
 
     climb report --config pipelines/demo.toml --run runs/demo
@@ -141,7 +141,7 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
     name = "+".join(cfg.target.objective)
     summary = {"target": {"name": name, "goal": cfg.target.goal},
                "results": {k: float(v) for k, v in comp.items() if v is not None},
-               "proxies_trained": len(results) + len(comp),
+               "proxies_trained": len(results) + len(comp) * cfg.search.eval_seeds,
                "clusters": len(clusters)}
     figs = plot_clusters(clusters, np.load(paths.root / "cluster" / "cluster_centroids.npy"), out)
     figs += plot_search(results, plans, cfg.target.goal, name, out)
@@ -158,7 +158,8 @@ Target: **{name}**, goal **{cfg.target.goal}**. {len(results)} search proxies ov
 
 ## Result
 
-Each row is a fresh proxy trained with seed {cfg.search.eval_seed}, which the search never used.
+Each row is the mean of {cfg.search.eval_seeds} fresh proxies trained with seeds
+{cfg.search.eval_seed}..{cfg.search.eval_seed + cfg.search.eval_seeds - 1}, which the search never used.
 
 {summary_table(summary)}
 

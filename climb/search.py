@@ -10,7 +10,7 @@ target. Later iterations fit the predictor on every result so far, score a
 large candidate pool and train the most promising mixtures plus some
 exploration. The final mixture is the predicted best (or the mean of the top
 k); it is then compared with the uniform and natural mixtures by training
-fresh proxies with a seed the search never used.
+fresh proxies with seeds the search never used (`search.eval_seeds` per mixture).
 
 Every proxy result is appended to `search/results.jsonl` as it arrives and
 the plan of each iteration is saved first, so a killed search resumes at proxy
@@ -244,19 +244,30 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
 
 
 def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict) -> dict:
-    """Train a fresh proxy (seed never used by the search) on each named mixture."""
+    """Train fresh proxies (seeds the search never used) on each named mixture; mean per mixture.
+
+    Proxy-to-proxy noise from the seed is of the order of the differences being
+    measured, so each mixture is trained with `search.eval_seeds` seeds and the
+    mean is reported (every run is kept in comparison.json).
+    """
     out_file = paths.root / "search" / "comparison.json"
     have = read_json(out_file) if out_file.exists() else {}
     names = ["climb"] + [b for b in cfg.search.baselines if b in mixtures]
-    todo = [n for n in names if n not in have]
-    tasks = [_task(cfg, paths, f"final-{n}", -1, mixtures[n], cfg.search.eval_seed) for n in todo]
+    runs = [(n, cfg.search.eval_seed + s) for n in names for s in range(cfg.search.eval_seeds)]
+    todo = [(n, seed) for n, seed in runs if f"{n}/{seed}" not in have]
+    tasks = [_task(cfg, paths, f"final-{n}-{seed}", -1, mixtures[n], seed) for n, seed in todo]
+
     def keep(i: int, rec: dict) -> None:
-        have[todo[i]] = rec
+        have["{}/{}".format(*todo[i])] = rec
         write_json(out_file, have)
     ex.map(train_and_score, tasks, desc="final comparison", resources={"GPU": 1}, on_result=keep)
-    table = {n: have[n]["objective"] for n in names}
-    log.info("final comparison (%s, %s): %s", ",".join(cfg.target.objective), cfg.target.goal,
-             {k: round(v, 4) if v is not None else None for k, v in table.items()})
+    table = {}
+    for n in names:
+        vals = [have[f"{n}/{seed}"]["objective"] for m, seed in runs if m == n]
+        vals = [v for v in vals if v is not None]
+        table[n] = float(np.mean(vals)) if vals else None
+    log.info("final comparison (%s, %s; mean of %d seeds): %s", ",".join(cfg.target.objective), cfg.target.goal,
+             cfg.search.eval_seeds, {k: round(v, 4) if v is not None else None for k, v in table.items()})
     return table
 
 

@@ -136,3 +136,20 @@ def test_propose_rejects_small_pool():
     X, y = swarm(10)
     with pytest.raises(ValueError, match="candidates"):
         propose(X, y, "minimize", X[:3], 5)
+
+
+def test_default_falls_back_to_trees_on_a_step_response():
+    rng = np.random.default_rng(8)
+    X = rng.dirichlet(np.full(6, 0.7), 240)
+    y = (X[:, 0] > 0.2) + 0.7 * (X[:, 1] > 0.15) + 0.02 * rng.normal(size=len(X))
+    m = make_predictor("default").fit(X, y)
+    assert m.alpha <= 0.5, m.cv_scores  # the inner CV saw that the trees rank better here
+    smooth = make_predictor("default").fit(*swarm(120, seed=9))
+    assert smooth.alpha >= 0.5, smooth.cv_scores
+
+
+def test_default_is_the_smooth_model_when_trees_cannot_split():
+    X, y = swarm(30, seed=10)  # plain LightGBM needs 40 rows for one split
+    m = make_predictor("default").fit(X, y)
+    assert m.alpha == 1.0 and m.models[1] is None
+    np.testing.assert_allclose(m.predict(X[:5]), make_predictor("gp").fit(X, y).predict(X[:5]))

@@ -159,3 +159,22 @@ def test_reads_regmix():
     np.testing.assert_allclose(s.weights.sum(1), 1.0)
     t = read_swarm(d / "test_mixture_1B.csv", d / "test_pile_loss_1B.csv")
     assert len(t) == 64 and t.keys[0] == "0"
+
+
+def test_nan_in_other_metric_columns_is_fine(tmp_path):
+    w, _, W, loss = make_swarm(tmp_path, 5)
+    m = _write(tmp_path, "m2.csv", pd.DataFrame({"index": [f"r{i}" for i in range(5)], "loss": loss,
+                                                 "piqa": [np.nan, 0.5, 0.5, np.nan, 0.6]}))
+    s = read_swarm(w, m, target="loss")
+    np.testing.assert_allclose(target_values(s, "loss"), loss)
+    with pytest.raises(ValueError, match="'piqa' has 2 NaN"):
+        target_values(s, "piqa")
+
+
+def test_main_cli_has_the_predictor_group(tmp_path, capsys):
+    cli = pytest.importorskip("climb.cli")
+    w, m, _, _ = make_swarm(tmp_path, 40, seed=4)
+    rc = cli.main(["predictor", "evaluate", "--train-weights", str(w), "--train-metrics", str(m),
+                   "--test-weights", str(w), "--test-metrics", str(m), "--target", "loss", "--goal", "minimize",
+                   "--model", "linear"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["n_test"] == 40
