@@ -55,8 +55,11 @@ def load() -> list[float]:
 
 
 def entry(name: str, ours: float, baseline: float, unit: str, details: dict) -> dict:
+    # ratio > 1 means ours is better: higher is better for rates, lower for seconds.
+    better_low = unit == "s"
+    ratio = (baseline / ours if better_low else ours / baseline) if (ours and baseline) else None
     return {"name": name, "ours": round(ours, 3), "baseline": round(baseline, 3), "unit": unit,
-            "ratio": round(ours / baseline, 3) if baseline else None, "details": details}
+            "ratio": round(ratio, 3) if ratio else None, "details": details}
 
 
 def _warm_embed(ecfg) -> str:  # runs on each worker (pickled by value: defined in __main__)

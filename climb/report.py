@@ -74,6 +74,7 @@ def plot_search(results: list[dict], plans: dict, goal: str, name: str, out: Pat
     ax.scatter(its + jitter, ys, alpha=0.6)
     best = [min(goal_sign(goal) * ys[its <= i]) * goal_sign(goal) for i in sorted(set(its))]
     ax.plot(sorted(set(its)), best, "k-o", label="best so far")
+    ax.set_xticks(sorted(set(its.tolist())))
     ax.set_xlabel("iteration")
     ax.set_ylabel(f"{name} ({goal})")
     ax.set_title("Objective by iteration")
