@@ -46,12 +46,13 @@ def refresh_markdown() -> None:
     rows = ["| benchmark | ours | baseline | unit | ratio (>1 = ours better) | target | date |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for f in sorted(RESULTS.glob("*.json")):
-        r = json.loads(f.read_text())
-        if not {"name", "ours", "baseline", "ratio"} <= set(r):
-            continue
-        rows.append(f"| {r['name']} | {r['ours']:.4g} | {r['baseline']:.4g} | {r.get('unit', '')} | "
-                    f"{r['ratio']:.2f} | {r.get('details', {}).get('target', '')} | "
-                    f"{r.get('environment', {}).get('date', '')} |")
+        data = json.loads(f.read_text())
+        for r in data if isinstance(data, list) else [data]:
+            if not isinstance(r, dict) or not {"name", "ours", "baseline", "ratio"} <= set(r):
+                continue
+            rows.append(f"| {r['name']} | {r['ours']:.4g} | {r['baseline']:.4g} | {r.get('unit', '')} | "
+                        f"{r['ratio']:.2f} | {r.get('details', {}).get('target', '')} | "
+                        f"{r.get('environment', {}).get('date', r.get('details', {}).get('date', ''))} |")
     table = "\n".join(rows)
     text = md.read_text() if md.exists() else "# Benchmarks\n"
     begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"

@@ -144,6 +144,11 @@ def _plain_step_fn(cfg, seed: int):
 
     torch.manual_seed(seed)
     model = Plain()
+    for m in model.modules():  # GPT-2 style init, as the proxies use, so the loss curves compare
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
 
     def step(x, y):
