@@ -106,6 +106,17 @@ def _describe(p) -> dict:
     return out
 
 
+def _cv_spearmans(mk, X, y, reps: int = 2) -> list[float]:
+    """Out-of-fold Spearman of repeated 5-fold CV, one value per repeat."""
+    scores = []
+    for rep in range(reps):
+        oof = np.zeros(len(y))
+        for tr, te in KFold(5, shuffle=True, random_state=rep).split(X):
+            oof[te] = mk().fit(X[tr], y[tr]).predict(X[te])
+        scores.append(_spear(y, oof))
+    return scores
+
+
 def select(res: dict) -> None:
     sw = train_swarm()
     X = sw.weights
@@ -115,13 +126,8 @@ def select(res: dict) -> None:
     for t in sel_targets:  # (A) repeated 5-fold CV on the 512 training runs
         y = target_values(sw, t)
         for name, mk in cands.items():
-            t0, scores = time.time(), []
-            for rep in range(2):
-                oof = np.zeros(len(y))
-                for tr, te in KFold(5, shuffle=True, random_state=rep).split(X):
-                    oof[te] = mk().fit(X[tr], y[tr]).predict(X[te])
-                scores.append(_spear(y, oof))
-            A.setdefault(name, {})[t] = float(np.mean(scores))
+            t0 = time.time()
+            A.setdefault(name, {})[t] = float(np.mean(_cv_spearmans(mk, X, y)))
             log.info("A %-40s %-13s %.4f (%.0fs)", t, name, A[name][t], time.time() - t0)
     for t in sel_targets:  # (B) small training sets drawn from the training runs
         y = target_values(sw, t)
@@ -138,11 +144,7 @@ def select(res: dict) -> None:
             scores = []
             for draw in range(3):
                 Xs, ys = synthetic(kind, seed=draw)
-                for rep in range(2):
-                    oof = np.zeros(len(ys))
-                    for tr, te in KFold(5, shuffle=True, random_state=rep).split(Xs):
-                        oof[te] = mk().fit(Xs[tr], ys[tr]).predict(Xs[te])
-                    scores.append(_spear(ys, oof))
+                scores += _cv_spearmans(mk, Xs, ys)
             C.setdefault(name, {})[kind] = float(np.mean(scores))
         log.info("C %s %s", kind, {k: round(v[kind], 4) for k, v in C.items()})
     ref = "lightgbm"
