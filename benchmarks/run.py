@@ -74,7 +74,9 @@ def main() -> None:
         if fn.needs_corpus and not SHARED.exists():
             print(f"{name}: skipped, {SHARED} is absent (the shared corpus is needed)")
             continue
-        save(fn())
+        got = fn()
+        for result in got if isinstance(got, list) else [got]:
+            save(result)
     refresh_markdown()
 
 

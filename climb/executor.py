@@ -56,6 +56,10 @@ class LocalExecutor:
     def __exit__(self, *exc):
         return False
 
+    def slots(self, resources: dict | None = None) -> int:
+        """How many tasks run at once."""
+        return 1
+
     def map(self, fn: Callable, tasks: Sequence[Any], desc: str = "", resources: dict | None = None,
             on_result: Callable[[int, Any], None] | None = None) -> list:
         out = []
@@ -231,6 +235,13 @@ class DaskExecutor:
         """Workers that advertise every resource named."""
         workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
         return sum(all(w.get("resources", {}).get(k, 0) >= v for k, v in resources.items()) for w in workers)
+
+    def slots(self, resources: dict | None = None) -> int:
+        """How many tasks run at once: the workers (holding the resources, if any hold them) times their threads."""
+        want = self._usable(resources)
+        workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
+        return max(1, sum(w.get("nthreads", 1) for w in workers
+                          if want is None or all(w.get("resources", {}).get(k, 0) >= v for k, v in want.items())))
 
     def _usable(self, resources: dict | None) -> dict | None:
         """Ask for a resource (e.g. GPU) only when some worker advertises it."""

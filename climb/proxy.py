@@ -119,21 +119,107 @@ def train_and_score(task: dict) -> dict:
     return rec
 
 
+def swarm_size(pc: ProxyConfig) -> int:
+    """How many proxies the built-in trainer trains as one stacked model (1: one at a time)."""
+    if pc.command or pc.swarm == "single":
+        return 1
+    device = resolve_device(pc.device)
+    if pc.swarm == "auto" and not (device.startswith("cuda") or (device == "cpu" and pc.n_embd <= 128)):
+        # On a CPU a wide proxy's matmuls already run near the cores' peak, and batched
+        # matmuls measured slower than one proxy after another (BENCHMARKS.md, swarm).
+        return 1
+    return pc.swarm_size or (64 if device.startswith("cuda") else 8)
+
+
+def train_and_score_group(tasks: list[dict]) -> list[dict]:
+    """Run several proxies (same proxy config) as one stacked model; one record per task.
+
+    If the stacked run itself fails (out of memory, say), the proxies are run one by
+    one instead, so a group never loses more than a single proxy would.
+    """
+    if len(tasks) == 1:
+        return [train_and_score(tasks[0])]
+    t0 = time.time()
+    try:
+        trained = _builtin_stacked(tasks)
+    except InputError:
+        raise
+    except Exception as e:
+        log.warning("training %d proxies as one stacked model failed (%s: %s); training them one by one",
+                    len(tasks), type(e).__name__, e)
+        return [train_and_score(t) for t in tasks]
+    per = round((time.time() - t0) / len(tasks), 3)
+    out = []
+    for task, got in zip(tasks, trained):
+        t1 = time.time()
+        rec = {"mixture_id": task["mixture_id"], "iteration": task["iteration"], "seed": task["seed"],
+               "weights": [float(w) for w in task["weights"]]}
+        try:
+            metrics, tokens = got()
+            tc: TargetConfig = task["target"]
+            rec.update(metrics=metrics, objective=objective(metrics, tc), tokens=tokens, status="ok")
+            if not np.isfinite(rec["objective"]):
+                rec["status"] = "failed"
+                rec["error"] = "non-finite objective (training diverged?)"
+        except InputError:
+            raise
+        except Exception as e:
+            log.exception("proxy %s failed", task["mixture_id"])
+            rec.update(metrics={}, objective=None, tokens=0, status="failed", error=f"{type(e).__name__}: {e}")
+        rec["seconds"] = round(per + time.time() - t1, 3)
+        rec["stacked"] = len(tasks)
+        out.append(rec)
+    return out
+
+
+def _configs(pc: ProxyConfig, tok):
+    from proxies.model import GPTConfig
+    from proxies.train import TrainConfig
+    mcfg = GPTConfig(vocab_size=tok.vocab_size, n_layer=pc.n_layer, n_head=pc.n_head,
+                     n_embd=pc.n_embd, seq_len=pc.seq_len)
+    tcfg = TrainConfig(steps=pc.steps, batch_size=pc.batch_size, lr=pc.lr, warmup_steps=pc.warmup_steps,
+                       schedule=pc.schedule, precision=pc.precision, log_every=10**9)
+    return mcfg, tcfg
+
+
+def _builtin_stacked(tasks: list[dict]) -> list:
+    """Train the group's proxies together; returns one thunk per task that evaluates its proxy."""
+    from proxies.sampler import MixtureSampler
+    from proxies.stacked import train_stacked
+    pc: ProxyConfig = tasks[0]["proxy"]
+    if any(t["proxy"] != pc or t["search_dir"] != tasks[0]["search_dir"] for t in tasks):
+        raise ValueError("a stacked group needs one proxy config and one token store")
+    device = resolve_device(pc.device)
+    store, tok = _resources(Path(tasks[0]["search_dir"]))
+    samplers = []
+    for t in tasks:
+        w = np.asarray(t["weights"], dtype=np.float64)
+        samplers.append(MixtureSampler(store, w / w.sum(), pc.seq_len, pc.batch_size, seed=t["seed"], device=device))
+    mcfg, tcfg = _configs(pc, tok)
+    trained = train_stacked(mcfg, tcfg, samplers, seeds=[t["seed"] for t in tasks], device=device)
+    log.info("%d proxies trained as one stacked model: %.0f tok/s in all", len(tasks),
+             len(tasks) * trained[0][1]["tokens_per_s"])
+
+    def thunk(task: dict, model, stats: dict):
+        def run() -> tuple[dict, int]:
+            metrics = evaluate(model, tok, task["target"], Path(task["run_dir"]), device)
+            metrics["train_loss"] = float(stats["final_loss"])
+            return metrics, int(stats["tokens"])
+        return run
+    return [thunk(t, m, st) for t, (m, st) in zip(tasks, trained)]
+
+
 def _builtin(task: dict) -> tuple[dict, int]:
     import torch
-    from proxies.model import GPTConfig
     from proxies.sampler import MixtureSampler
-    from proxies.train import TrainConfig, train
+    from proxies.train import train
     pc: ProxyConfig = task["proxy"]
     device = resolve_device(pc.device)
     store, tok = _resources(Path(task["search_dir"]))
     weights = np.asarray(task["weights"], dtype=np.float64)
     sampler = MixtureSampler(store, weights / weights.sum(), pc.seq_len, pc.batch_size,
                              seed=task["seed"], device=device)
-    mcfg = GPTConfig(vocab_size=tok.vocab_size, n_layer=pc.n_layer, n_head=pc.n_head,
-                     n_embd=pc.n_embd, seq_len=pc.seq_len)
-    tcfg = TrainConfig(steps=pc.steps, batch_size=pc.batch_size, lr=pc.lr,
-                       warmup_steps=pc.warmup_steps, schedule=pc.schedule, log_every=10**9)
+    mcfg, tcfg = _configs(pc, tok)
     model, stats = train(mcfg, tcfg, sampler, seed=task["seed"], device=device)
     metrics = evaluate(model, tok, task["target"], Path(task["run_dir"]), device)
     metrics["train_loss"] = float(stats["final_loss"])

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from .embed import shard_name
 from .executor import make_executor
 from .io import InputError, read_documents, read_json, write_json
 from .predictor import goal_sign
-from .proxy import train_and_score
+from .proxy import swarm_size, train_and_score, train_and_score_group
 from .stage import RunPaths, begin, finish, is_done, skipped, stage_key, upstream_hash
 
 log = logging.getLogger(__name__)
@@ -180,6 +181,29 @@ def _task(cfg: RunConfig, paths: RunPaths, mixture_id: str, it: int, weights, se
             "proxy": cfg.proxy, "target": cfg.target}
 
 
+def run_proxies(cfg: RunConfig, ex, tasks: list[dict], desc: str, on_record) -> list[dict]:
+    """Train and score proxies; on_record(i, record) is called for tasks[i] as its record arrives.
+
+    Where `proxy.swarm` says stacking helps, tasks are grouped into stacked models of
+    at most `swarm_size` proxies, and into at least as many groups as the executor runs
+    tasks at once, so no worker idles.
+    """
+    size = swarm_size(cfg.proxy)
+    if size <= 1 or len(tasks) < 2:
+        return ex.map(train_and_score, tasks, desc=desc, resources={"GPU": 1}, on_result=on_record)
+    per = max(1, min(size, math.ceil(len(tasks) / ex.slots({"GPU": 1}))))
+    starts = list(range(0, len(tasks), per))
+    out: list = [None] * len(tasks)
+
+    def got(g: int, recs: list[dict]) -> None:
+        for j, rec in enumerate(recs):
+            out[starts[g] + j] = rec
+            on_record(starts[g] + j, rec)
+    ex.map(train_and_score_group, [tasks[i:i + per] for i in starts], desc=f"{desc} ({per} per stacked model)",
+           resources={"GPU": 1}, on_result=got)
+    return out
+
+
 def final_mixture(cfg: RunConfig, space: dict, results: list[dict]) -> dict:
     from .predictor import best_mixture, make_predictor
     sc = cfg.search
@@ -221,8 +245,7 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
                 log.info("search iteration %d/%d: %d proxies (%d already done)", it + 1, len(sc.iterations),
                          len(todo), len(plan["mixtures"]) - len(todo))
             tasks = [_task(cfg, paths, m["mixture_id"], it, m["weights"], sc.seed) for m in todo]
-            new = ex.map(train_and_score, tasks, desc=f"proxies it{it + 1}", resources={"GPU": 1},
-                         on_result=lambda i, rec: _append(paths, rec))
+            new = run_proxies(cfg, ex, tasks, f"proxies it{it + 1}", lambda i, rec: _append(paths, rec))
             results += new
             _write_swarm_csv(paths, results)
             ok = [r for r in results if r["status"] == "ok"]
@@ -260,7 +283,7 @@ def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict) -> dict:
     def keep(i: int, rec: dict) -> None:
         have["{}/{}".format(*todo[i])] = rec
         write_json(out_file, have)
-    ex.map(train_and_score, tasks, desc="final comparison", resources={"GPU": 1}, on_result=keep)
+    run_proxies(cfg, ex, tasks, "final comparison", keep)
     table = {}
     for n in names:
         vals = [have[f"{n}/{seed}"]["objective"] for m, seed in runs if m == n]

@@ -2,7 +2,8 @@
 
 AdamW (fused on CUDA) with decoupled weight decay on matrices only, linear warmup
 followed by cosine or warmup-stable-decay (WSD) learning-rate schedule, gradient
-clipping, bf16 autocast on CUDA. All torch randomness (init, dropout) runs inside
+clipping, and bf16 autocast where the device has native bf16 kernels
+(``TrainConfig.precision``). All torch randomness (init, dropout) runs inside
 ``torch.random.fork_rng`` seeded by ``seed``, so the caller's global RNG is untouched
 and a CPU run is bit-for-bit reproducible given the seed and a fresh sampler.
 
@@ -33,6 +34,7 @@ from .sampler import MixtureSampler
 logger = logging.getLogger(__name__)
 
 SCHEDULES = ("cosine", "wsd")
+PRECISIONS = ("auto", "fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,13 @@ class TrainConfig:
     betas: tuple = (0.9, 0.95)
     grad_clip: float = 1.0
     log_every: int = 50
+    # Matmul precision: "auto" runs them under bf16 autocast where the device has
+    # native bf16 kernels (CUDA; CPUs with AVX512-BF16 or AMX), fp32 elsewhere.
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"TrainConfig.precision={self.precision!r}; choose one of {PRECISIONS}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"TrainConfig.schedule={self.schedule!r}; choose one of {SCHEDULES}")
         if self.steps <= 0 or self.batch_size <= 0:
@@ -76,6 +83,26 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         return cfg.lr
     progress = min(1.0, (step - decay_start + 1) / decay_steps)
     return cfg.lr + progress * (min_lr - cfg.lr)
+
+
+def native_bf16(device: torch.device) -> bool:
+    """True where bf16 matmuls run on native kernels (faster than fp32, not emulated)."""
+    if device.type == "cuda":
+        return True
+    if device.type == "cpu":
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            return False
+    return False
+
+
+def autocast(device: torch.device, precision: str):
+    """The autocast context the trainers run forward passes under."""
+    bf16 = precision == "bf16" or (precision == "auto" and native_bf16(device))
+    if bf16 and device.type in ("cuda", "cpu"):
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -112,9 +139,7 @@ def train(
         )
     accum = train_cfg.batch_size // sampler.batch_size
     cuda = device.type == "cuda"
-    autocast = (
-        torch.autocast(device_type="cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
-    )
+    amp = autocast(device, train_cfg.precision)
     fork_devices = [device.index if device.index is not None else torch.cuda.current_device()] if cuda else []
 
     with torch.random.fork_rng(devices=fork_devices):
@@ -142,7 +167,7 @@ def train(
             for _ in range(accum):
                 x, y = sampler.next_batch()
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # no-op if already there
-                with autocast:
+                with amp:
                     _, loss = model(x, y)
                 (loss / accum).backward()
                 step_loss += loss.detach() / accum

@@ -73,3 +73,10 @@ def test_rerun_skips_every_stage(run_dir, caplog):
     assert main(args) == 0
     for s, text in before.items():
         assert (run_dir / s / "manifest.json").read_text() == text
+
+
+def test_search_stacked_its_proxies(run_dir):
+    # The tiny proxies are narrow, so on a CPU the search trains them as stacked models.
+    recs = [json.loads(x) for x in (run_dir / "search" / "results.jsonl").read_text().splitlines()]
+    assert [r["stacked"] for r in recs] == [4] * 4 + [2] * 2
+    assert all(r["status"] == "ok" for r in recs)

@@ -1,0 +1,60 @@
+"""How the search groups proxies into stacked models, and the fallback when stacking fails."""
+from __future__ import annotations
+
+import pytest
+
+from climb import proxy, search
+from climb.config import ProxyConfig, load_config
+
+
+def test_swarm_size_policy(monkeypatch):
+    monkeypatch.setattr(proxy, "resolve_device", lambda pref: "cpu")
+    assert proxy.swarm_size(ProxyConfig(n_embd=64)) == 8           # narrow: stacked on a CPU
+    assert proxy.swarm_size(ProxyConfig(n_embd=256)) == 1          # wide: measured slower stacked on a CPU
+    assert proxy.swarm_size(ProxyConfig(n_embd=256, swarm="stacked", swarm_size=3)) == 3
+    assert proxy.swarm_size(ProxyConfig(n_embd=64, swarm="single")) == 1
+    assert proxy.swarm_size(ProxyConfig(n_embd=64, command="train {weights} {out}")) == 1
+    monkeypatch.setattr(proxy, "resolve_device", lambda pref: "cuda")
+    assert proxy.swarm_size(ProxyConfig(n_embd=768)) == 64
+
+
+class _Ex:
+    def __init__(self, slots):
+        self.n, self.groups = slots, []
+
+    def slots(self, resources=None):
+        return self.n
+
+    def map(self, fn, tasks, desc="", resources=None, on_result=None):
+        out = []
+        for i, t in enumerate(tasks):
+            self.groups.append(len(t) if isinstance(t, list) else 1)
+            r = fn(t)
+            on_result(i, r)
+            out.append(r)
+        return out
+
+
+@pytest.mark.parametrize("slots,groups", [(1, [8, 8, 4]), (2, [8, 8, 4]), (4, [5, 5, 5, 5]), (40, [1] * 20)])
+def test_run_proxies_groups_and_keeps_order(monkeypatch, slots, groups):
+    monkeypatch.setattr(search, "swarm_size", lambda pc: 8)
+    monkeypatch.setattr(search, "train_and_score_group", lambda ts: [{"mixture_id": t["mixture_id"]} for t in ts])
+    cfg = load_config(None, [])
+    tasks = [{"mixture_id": f"m{i}"} for i in range(20)]
+    seen = {}
+    ex = _Ex(slots)
+    out = search.run_proxies(cfg, ex, tasks, "t", lambda i, rec: seen.__setitem__(i, rec["mixture_id"]))
+    assert ex.groups == groups
+    assert [r["mixture_id"] for r in out] == [t["mixture_id"] for t in tasks]
+    assert seen == {i: f"m{i}" for i in range(20)}
+
+
+def test_group_falls_back_to_one_by_one(monkeypatch):
+    calls = []
+
+    def boom(tasks):
+        raise RuntimeError("CUDA out of memory")
+    monkeypatch.setattr(proxy, "_builtin_stacked", boom)
+    monkeypatch.setattr(proxy, "train_and_score", lambda t: calls.append(t["mixture_id"]) or {"ok": t["mixture_id"]})
+    recs = proxy.train_and_score_group([{"mixture_id": "a"}, {"mixture_id": "b"}])
+    assert calls == ["a", "b"] and recs == [{"ok": "a"}, {"ok": "b"}]
