@@ -109,7 +109,7 @@ class _Plain:
     """The baseline trainer: fp32, attention written out with a stored causal mask,
     non-fused (for-loop) AdamW, no compile. Starts from a given GPT's weights."""
 
-    def __init__(self, gpt, lr: float, betas: tuple, weight_decay: float) -> None:
+    def __init__(self, gpt, lr: float, betas: tuple, weight_decay: float, device: str = "cpu") -> None:
         import torch
         import torch.nn as nn
         import torch.nn.functional as F
@@ -141,7 +141,7 @@ class _Plain:
                 self.ln = nn.LayerNorm(cfg.n_embd)
 
             def forward(self, idx, targets):
-                x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+                x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
                 for b in self.blocks:
                     x = b(x)
                 logits = self.ln(x) @ self.wte.weight.T
@@ -160,6 +160,7 @@ class _Plain:
             i = 2 if parts[0] == "blocks" else 0
             state[key] = src[".".join(parts[:i] + [names[parts[i]]] + parts[i + 1:])]
         self.model.load_state_dict(state)
+        self.model.to(device)
         params = list(self.model.parameters())
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]

@@ -54,6 +54,8 @@ class TrainConfig:
     # Matmul precision: "auto" runs them under bf16 autocast where the device has
     # native bf16 kernels (CUDA; CPUs with AVX512-BF16 or AMX), fp32 elsewhere.
     precision: str = "auto"
+    # torch.compile the model (pays a one-off compilation; worth it for long GPU runs).
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -146,6 +148,7 @@ def train(
         torch.manual_seed(seed)
         model = GPT(model_cfg).to(device)
         model.train()
+        forward = torch.compile(model) if train_cfg.compile else model
         opt_kwargs = {"fused": True} if cuda else {}
         optimizer = torch.optim.AdamW(
             _param_groups(model, train_cfg.weight_decay),
@@ -168,7 +171,7 @@ def train(
                 x, y = sampler.next_batch()
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)  # no-op if already there
                 with amp:
-                    _, loss = model(x, y)
+                    _, loss = forward(x, y)
                 (loss / accum).backward()
                 step_loss += loss.detach() / accum
             if train_cfg.grad_clip > 0:
