@@ -98,24 +98,27 @@ def train_and_score(task: dict) -> dict:
     """Run one proxy. task: weights, seed, mixture_id, iteration, search_dir, run_dir, proxy, target."""
     t0 = time.time()
     pc: ProxyConfig = task["proxy"]
-    tc: TargetConfig = task["target"]
+    rec = _record(task, lambda: _external(task) if pc.command else _builtin(task))
+    rec["seconds"] = round(time.time() - t0, 3)
+    return rec
+
+
+def _record(task: dict, run) -> dict:
+    """The result record of one proxy; run() -> (metrics, tokens). A failed proxy is
+    recorded, not fatal (the search goes on without it); bad input still raises."""
     rec = {"mixture_id": task["mixture_id"], "iteration": task["iteration"], "seed": task["seed"],
            "weights": [float(w) for w in task["weights"]]}
     try:
-        if pc.command:
-            metrics, tokens = _external(task)
-        else:
-            metrics, tokens = _builtin(task)
-        rec.update(metrics=metrics, objective=objective(metrics, tc), tokens=tokens, status="ok")
+        metrics, tokens = run()
+        rec.update(metrics=metrics, objective=objective(metrics, task["target"]), tokens=tokens, status="ok")
         if not np.isfinite(rec["objective"]):
             rec["status"] = "failed"
             rec["error"] = "non-finite objective (training diverged?)"
     except InputError:
         raise
-    except Exception as e:  # a failed proxy is recorded, not fatal: the search goes on without it
+    except Exception as e:
         log.exception("proxy %s failed", task["mixture_id"])
         rec.update(metrics={}, objective=None, tokens=0, status="failed", error=f"{type(e).__name__}: {e}")
-    rec["seconds"] = round(time.time() - t0, 3)
     return rec
 
 
@@ -152,20 +155,7 @@ def train_and_score_group(tasks: list[dict]) -> list[dict]:
     out = []
     for task, got in zip(tasks, trained):
         t1 = time.time()
-        rec = {"mixture_id": task["mixture_id"], "iteration": task["iteration"], "seed": task["seed"],
-               "weights": [float(w) for w in task["weights"]]}
-        try:
-            metrics, tokens = got()
-            tc: TargetConfig = task["target"]
-            rec.update(metrics=metrics, objective=objective(metrics, tc), tokens=tokens, status="ok")
-            if not np.isfinite(rec["objective"]):
-                rec["status"] = "failed"
-                rec["error"] = "non-finite objective (training diverged?)"
-        except InputError:
-            raise
-        except Exception as e:
-            log.exception("proxy %s failed", task["mixture_id"])
-            rec.update(metrics={}, objective=None, tokens=0, status="failed", error=f"{type(e).__name__}: {e}")
+        rec = _record(task, got)
         rec["seconds"] = round(per + time.time() - t1, 3)
         rec["stacked"] = len(tasks)
         out.append(rec)
