@@ -1,0 +1,70 @@
+"""A whole run, timed per stage, with the peak memory of the process that ran it.
+
+    HF_HUB_OFFLINE=1 python benchmarks/end_to_end.py --name demo --config pipelines/demo.toml --run runs/e2e-demo
+    HF_HUB_OFFLINE=1 python benchmarks/end_to_end.py --name bench_2_shards --config pipelines/bench.toml \\
+        --run runs/e2e-bench2 --set corpus.max_shards=2 --set 'corpus.id_column=""'
+
+Runs `climb run` in a child process (a fresh run folder gives a cold run) and
+writes benchmarks/results/end_to_end_<name>.json: wall seconds, the child's
+peak RSS, and each stage's seconds and headline figures from its manifest.
+The shared corpus's shards 3 and 7 each hold one id twice (the same speech in
+two collections), so runs over more than 3 shards set `corpus.id_column=""`
+(ids become shard:row).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("embed", "cluster", "search", "export", "report")
+KEEP = {"embed": ("docs", "docs_per_s", "device"), "cluster": ("docs", "k", "clusters", "pruned"),
+        "search": ("proxies", "failed", "clusters", "comparison"), "export": ("docs", "tokens", "files"),
+        "report": ("figures",)}
+
+
+def collect(run: Path) -> dict:
+    out = {}
+    for stage in STAGES:
+        m = run / stage / "manifest.json"
+        if m.exists():
+            stats = json.loads(m.read_text()).get("stats", {})
+            out[stage] = {"seconds": stats.get("seconds"), **{k: stats[k] for k in KEEP[stage] if k in stats}}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--run", required=True)
+    ap.add_argument("--set", action="append", default=[])
+    args = ap.parse_args()
+    cmd = [sys.executable, "-m", "climb.cli", "run", "--config", args.config, "--run", args.run]
+    for s in args.set:
+        cmd += ["--set", s]
+    t0 = time.perf_counter()
+    rc = subprocess.call(cmd, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    wall = time.perf_counter() - t0
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    if rc != 0:
+        sys.exit(f"climb run exited {rc}")
+    result = {"name": f"end_to_end_{args.name}", "command": " ".join(cmd[2:]), "wall_seconds": round(wall, 1),
+              "peak_rss_mb": round(peak_mb), "stages": collect(ROOT / args.run if not Path(args.run).is_absolute()
+                                                                else Path(args.run)),
+              "cpus": os.cpu_count(), "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+              "date": time.strftime("%Y-%m-%d")}
+    out = ROOT / "benchmarks" / "results" / f"end_to_end_{args.name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

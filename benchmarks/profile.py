@@ -1,0 +1,148 @@
+"""Where the time goes in the stages whose speed targets are missed on this CPU.
+
+    HF_HUB_OFFLINE=1 python benchmarks/profile.py [embed train swarm cluster]
+
+Writes benchmarks/results/profile_<name>.txt: the torch profiler's top operators
+by self time (embed, train, swarm), or the k-means time split (cluster), plus
+the matmul rate those shapes reach here, which says how close to the machine's
+limit the stage already is.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+OUT = ROOT / "benchmarks" / "results"
+
+
+def _table(fn, steps: int, rows: int = 12) -> str:
+    from torch.profiler import profile
+    fn()  # warm-up
+    with profile() as prof:
+        for _ in range(steps):
+            fn()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+
+
+def _gemm_rate(m: int, k: int, n: int, dtype=torch.float32, reps: int = 10) -> float:
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * m * k * n * reps / (time.perf_counter() - t0) / 1e9
+
+
+def embed() -> str:
+    import pyarrow.parquet as pq
+
+    from climb.config import EmbedConfig
+    from climb.embed import encode, load_model
+    from benchmarks.stages import SHARED
+    texts = pq.read_table(SHARED / "part-00000.parquet", columns=["text"])["text"].to_pylist()[:256]
+    cfg = EmbedConfig(max_seq_length=256)
+    model = load_model(cfg)
+    lines = [f"climb encode of 256 documents (window 256, {next(model.parameters()).dtype}), 2 repetitions",
+             _table(lambda: encode(model, texts, cfg), 2)]
+    return "\n".join(lines)
+
+
+def _train_fn(n_layer: int, n_embd: int, vocab: int, stacked: int = 0):
+    from proxies.model import GPT, GPTConfig
+    from proxies.stacked import StackedGPT
+    from proxies.train import TrainConfig, autocast
+    cfg = GPTConfig(vocab_size=vocab, n_layer=n_layer, n_head=max(2, n_embd // 64), n_embd=n_embd, seq_len=128)
+    amp = autocast(torch.device("cpu"), TrainConfig().precision)
+    if stacked:
+        model = StackedGPT([GPT(cfg, seed=i) for i in range(stacked)])
+        x = torch.randint(0, vocab, (stacked, 16, 129))
+    else:
+        model = GPT(cfg, seed=0)
+        x = torch.randint(0, vocab, (16, 129))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step():
+        with amp:
+            out = model(x[..., :-1], x[..., 1:])
+        loss = out.sum() if stacked else out[1]
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def train() -> str:
+    out = []
+    for layers, width, vocab in ((2, 64, 1024), (4, 256, 4096)):
+        out.append(f"one training step of the {layers} x {width} proxy (vocab {vocab}, batch 16 x 128), 5 steps")
+        out.append(_table(_train_fn(layers, width, vocab), 5))
+    out.append("single-thread fp32 / bf16 matmul rate of the step's shapes (GFLOP/s):")
+    torch.set_num_threads(1)
+    for m, k, n in ((2048, 64, 1024), (2048, 256, 1024), (2048, 256, 4096), (2048, 1024, 256)):
+        out.append(f"  [{m} x {k}] @ [{k} x {n}]: fp32 {_gemm_rate(m, k, n):.0f}, "
+                   f"bf16 {_gemm_rate(m, k, n, torch.bfloat16):.0f}")
+    return "\n".join(out)
+
+
+def swarm() -> str:
+    out = []
+    for layers, width, vocab in ((2, 64, 1024), (4, 256, 4096)):
+        out.append(f"one step of 8 stacked {layers} x {width} proxies (vocab {vocab}), 3 steps")
+        out.append(_table(_train_fn(layers, width, vocab, stacked=8), 3))
+    torch.set_num_threads(1)
+    a, b = torch.randn(8, 2048, 64), torch.randn(8, 64, 1024)
+    for name, fn in (("bmm 8 x [2048 x 64] @ [64 x 1024]", lambda: torch.bmm(a, b)),
+                     ("8 x mm, same shapes", lambda: [a[i] @ b[i] for i in range(8)])):
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            fn()
+        out.append(f"  {name}: {(time.perf_counter() - t0) * 100:.1f} ms (1 thread)")
+    return "\n".join(out)
+
+
+def cluster() -> str:
+    import faiss
+    from sklearn.cluster import KMeans
+
+    from benchmarks.stages import _blobs
+    x = _blobs(100_000, 384, 2000, 0)
+    k, iters = 1000, 20
+    cents = x[np.random.default_rng(0).choice(len(x), k, replace=False)]
+    index = faiss.IndexFlatL2(384)
+    index.add(cents)
+    t0 = time.perf_counter()
+    index.search(x, 1)
+    t_assign = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    KMeans(n_clusters=k, algorithm="lloyd", n_init=1, max_iter=1, init=cents, tol=0.0).fit(x)
+    t_sk = time.perf_counter() - t0
+    flops = 2 * len(x) * k * 384
+    return "\n".join([
+        "k-means, 100k x 384, k = 1000: one Lloyd iteration is one [100k x 384] @ [384 x 1000] distance matmul",
+        f"  FAISS assignment step: {t_assign * 1e3:.0f} ms ({flops / t_assign / 1e9:.0f} GFLOP/s)",
+        f"  scikit-learn, one full iteration: {t_sk * 1e3:.0f} ms ({flops / t_sk / 1e9:.0f} GFLOP/s)",
+        f"  fp32 matmul of that shape on both cores: {_gemm_rate(100_000, 384, 1000, reps=2):.0f} GFLOP/s",
+        f"  x {iters} iterations: both libraries spend their time in the same BLAS call"])
+
+
+PROFILES = {"embed": embed, "train": train, "swarm": swarm, "cluster": cluster}
+
+
+def main() -> None:
+    names = sys.argv[1:] or list(PROFILES)
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        text = PROFILES[name]()
+        (OUT / f"profile_{name}.txt").write_text(text + "\n")
+        print(f"== {name}\n{text}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
