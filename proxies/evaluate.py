@@ -149,6 +149,9 @@ def mc_request(query: str, choice: str) -> tuple[str, str]:
     return query, choice
 
 
+_WARNED: set = set()
+
+
 def score_requests(
     model, tokenizer, requests: Sequence[tuple[str, str]], device="cpu", batch_size: int = 32
 ) -> list[tuple[float, bool]]:
@@ -159,10 +162,16 @@ def score_requests(
     ctx_ids = tokenizer.encode_batch([c for c, _ in requests])
     cont_ids = tokenizer.encode_batch([c for _, c in requests])
     seqs, n_conts = [], []
+    long = [len(c) for c in cont_ids if len(c) > T]
+    if long:
+        # Once per process and request set: every proxy of a search scores the same requests.
+        key = (len(requests), T, len(long))
+        if key not in _WARNED:
+            _WARNED.add(key)
+            logger.warning("%d of %d continuations exceed seq_len=%d tokens (longest %d); each is scored on "
+                           "its last %d tokens", len(long), len(requests), T, max(long), T)
     for ctx, cont in zip(ctx_ids, cont_ids):
         ctx = ctx or [eos]  # an empty context is conditioned on EOS (a document start)
-        if len(cont) > T:
-            logger.warning("continuation of %d tokens exceeds seq_len=%d; scoring its last %d", len(cont), T, T)
         seq = (ctx + cont)[-(T + 1) :]
         seqs.append(seq)
         n_conts.append(min(len(cont), len(seq) - 1))

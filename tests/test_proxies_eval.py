@@ -211,3 +211,15 @@ def test_score_requests_matches_full_sequence_gpt():
     one_by_one = score_requests(model, ByteTok(), reqs, batch_size=1)
     assert [g[0] for g in got] == pytest.approx([o[0] for o in one_by_one], abs=1e-4)
     assert [g[1] for g in got] == [o[1] for o in one_by_one]
+
+
+def test_long_continuations_warn_once_per_request_set(caplog):
+    # Every proxy of a search scores the same requests: one warning, not one per item per proxy.
+    model = GPT(GPTConfig(vocab_size=320, n_layer=1, n_head=2, n_embd=16, seq_len=8), seed=0)
+    reqs = [("ctx", " a continuation longer than eight bytes"), ("c", " another long continuation"), ("c", " ok")]
+    with caplog.at_level("WARNING", logger="proxies.evaluate"):
+        for _ in range(3):
+            got = score_requests(model, ByteTok(), reqs)
+    msgs = [r.getMessage() for r in caplog.records if "exceed seq_len" in r.getMessage()]
+    assert len(msgs) == 1 and msgs[0].startswith("2 of 3 continuations exceed seq_len=8")
+    assert len(got) == 3 and all(math.isfinite(ll) for ll, _ in got)
