@@ -58,7 +58,7 @@ def _train_fn(n_layer: int, n_embd: int, vocab: int, stacked: int = 0):
     from proxies.stacked import StackedGPT
     from proxies.train import TrainConfig, autocast
     cfg = GPTConfig(vocab_size=vocab, n_layer=n_layer, n_head=max(2, n_embd // 64), n_embd=n_embd, seq_len=128)
-    amp = autocast(torch.device("cpu"), TrainConfig().precision)
+    amp = autocast(torch.device("cpu"), TrainConfig().precision, n_embd)
     if stacked:
         model = StackedGPT([GPT(cfg, seed=i) for i in range(stacked)])
         x = torch.randint(0, vocab, (stacked, 16, 129))

@@ -201,7 +201,7 @@ def train() -> list[dict]:
     import torch
 
     from proxies.model import GPT, GPTConfig
-    from proxies.train import TrainConfig, native_bf16
+    from proxies.train import CPU_BF16_MIN_WIDTH, TrainConfig, native_bf16
     from proxies.train import train as train_proxy
     steps, bs = _env("BENCH_TRAIN_STEPS", 30), 16
     out = []
@@ -222,7 +222,7 @@ def train() -> list[dict]:
         gap = max(abs(a - b) for a, b in zip(l_ours[:10], l_base[:10]))
         assert gap < 0.05, f"loss curves disagree over the first 10 steps by {gap:.4f}: {l_ours[:3]} vs {l_base[:3]}"
         tokens = steps * bs * cfg.seq_len
-        bf16 = native_bf16(torch.device("cpu"))
+        bf16 = native_bf16(torch.device("cpu")) and cfg.n_embd >= CPU_BF16_MIN_WIDTH
         out.append({"name": f"train_{label.split(',')[0]}", "ours": tokens / stats["seconds"],
                     "baseline": tokens / t_base, "unit": "tokens/s",
                     "ratio": t_base / stats["seconds"],

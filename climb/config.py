@@ -88,7 +88,8 @@ class ProxyConfig:
     schedule: str = "cosine"
     device: str = "auto"
     # bf16 autocast for the proxies' matmuls: "auto" (where the device has native
-    # bf16 kernels), "bf16" or "fp32".
+    # bf16 kernels; on a CPU only for n_embd >= 96, below which it measured
+    # slower), "bf16" or "fp32".
     precision: str = "auto"
     # Train several proxies at once as one stacked model (batched matmuls):
     # "auto" (on CUDA, and on CPU for widths <= 128 where it measured faster),

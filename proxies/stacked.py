@@ -175,7 +175,7 @@ def train_stacked(
     accum = train_cfg.batch_size // next(iter(micro))
     seq_len = samplers[0].seq_len
     cuda = device.type == "cuda"
-    amp = autocast(device, train_cfg.precision)
+    amp = autocast(device, train_cfg.precision, model_cfg.n_embd)
     fork_devices = [device.index if device.index is not None else torch.cuda.current_device()] if cuda else []
     P = len(samplers)
 

@@ -52,7 +52,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     log_every: int = 50
     # Matmul precision: "auto" runs them under bf16 autocast where the device has
-    # native bf16 kernels (CUDA; CPUs with AVX512-BF16 or AMX), fp32 elsewhere.
+    # native bf16 kernels (CUDA; CPUs with AVX512-BF16 or AMX, for models at least
+    # CPU_BF16_MIN_WIDTH wide), fp32 elsewhere.
     precision: str = "auto"
     # torch.compile the model (pays a one-off compilation; worth it for long GPU runs).
     compile: bool = False
@@ -99,9 +100,16 @@ def native_bf16(device: torch.device) -> bool:
     return False
 
 
-def autocast(device: torch.device, precision: str):
-    """The autocast context the trainers run forward passes under."""
-    bf16 = precision == "bf16" or (precision == "auto" and native_bf16(device))
+# On a CPU, bf16 pays only once the matmuls are wide enough: measured here, a
+# 64-wide proxy trained 0-15% slower under bf16 autocast, 96- and 128-wide ones
+# 5-18% faster and a 256-wide one 43% faster (BENCHMARKS.md).
+CPU_BF16_MIN_WIDTH = 96
+
+
+def autocast(device: torch.device, precision: str, width: int | None = None):
+    """The autocast context the trainers run forward passes under (width: the model's n_embd)."""
+    auto = native_bf16(device) and (device.type != "cpu" or width is None or width >= CPU_BF16_MIN_WIDTH)
+    bf16 = precision == "bf16" or (precision == "auto" and auto)
     if bf16 and device.type in ("cuda", "cpu"):
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -141,7 +149,7 @@ def train(
         )
     accum = train_cfg.batch_size // sampler.batch_size
     cuda = device.type == "cuda"
-    amp = autocast(device, train_cfg.precision)
+    amp = autocast(device, train_cfg.precision, model_cfg.n_embd)
     fork_devices = [device.index if device.index is not None else torch.cuda.current_device()] if cuda else []
 
     with torch.random.fork_rng(devices=fork_devices):
