@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HOME ?= $(CURDIR)/.cache/huggingface
 
-.PHONY: install demo run embed cluster search export report test test-all bench clean
+.PHONY: install demo run embed cluster search export report test test-all bench bench-e2e clean
 
 install: $(STAMP)
 
@@ -40,7 +40,16 @@ test-all: $(STAMP)
 	$(BIN)/python -m pytest -m ''
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/run.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/run.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/profile.py
+
+# Whole runs timed per stage (the demo: 5 minutes; the bench preset on all 8 shards: 40).
+bench-e2e: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/end_to_end.py --fresh --name demo --config pipelines/demo.toml --run runs/e2e-demo
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/end_to_end.py --fresh --name bench_2_shards --config pipelines/bench.toml \
+		--run runs/e2e-bench2 --set corpus.max_shards=2
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/end_to_end.py --fresh --name bench_8_shards --config pipelines/bench.toml \
+		--run runs/e2e-bench8 --set corpus.max_shards=8 --set 'corpus.id_column=""'
 
 clean:
 	rm -rf runs .cache

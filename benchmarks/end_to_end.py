@@ -4,7 +4,7 @@
     HF_HUB_OFFLINE=1 python benchmarks/end_to_end.py --name bench_2_shards --config pipelines/bench.toml \\
         --run runs/e2e-bench2 --set corpus.max_shards=2 --set 'corpus.id_column=""'
 
-Runs `climb run` in a child process (a fresh run folder gives a cold run) and
+Runs `climb run` in a child process (`--fresh` deletes the run folder first, for a cold run) and
 writes benchmarks/results/end_to_end_<name>.json: wall seconds, the child's
 peak RSS, and each stage's seconds and headline figures from its manifest.
 The shared corpus's shards 3 and 7 each hold one id twice (the same speech in
@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -45,7 +46,11 @@ def main() -> None:
     ap.add_argument("--config", required=True)
     ap.add_argument("--run", required=True)
     ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--fresh", action="store_true", help="delete the run folder first (a cold run)")
     args = ap.parse_args()
+    run = Path(args.run) if Path(args.run).is_absolute() else ROOT / args.run
+    if args.fresh and run.exists():
+        shutil.rmtree(run)
     cmd = [sys.executable, "-m", "climb.cli", "run", "--config", args.config, "--run", args.run]
     for s in args.set:
         cmd += ["--set", s]
@@ -56,8 +61,7 @@ def main() -> None:
     if rc != 0:
         sys.exit(f"climb run exited {rc}")
     result = {"name": f"end_to_end_{args.name}", "command": " ".join(cmd[2:]), "wall_seconds": round(wall, 1),
-              "peak_rss_mb": round(peak_mb), "stages": collect(ROOT / args.run if not Path(args.run).is_absolute()
-                                                                else Path(args.run)),
+              "peak_rss_mb": round(peak_mb), "stages": collect(run),
               "cpus": os.cpu_count(), "load_avg_after": [round(x, 2) for x in os.getloadavg()],
               "date": time.strftime("%Y-%m-%d")}
     out = ROOT / "benchmarks" / "results" / f"end_to_end_{args.name}.json"
