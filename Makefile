@@ -41,7 +41,7 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/run.py
-	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/profile.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/profiles.py
 
 # Whole runs timed per stage (the demo: 5 minutes; the bench preset on all 8 shards: 40).
 bench-e2e: $(STAMP)

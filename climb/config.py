@@ -92,8 +92,7 @@ class ProxyConfig:
     # slower), "bf16" or "fp32".
     precision: str = "auto"
     # Train several proxies at once as one stacked model (batched matmuls):
-    # "auto" (on CUDA, and on CPU for widths <= 128 where it measured faster),
-    # "stacked" or "single". swarm_size caps the proxies per stacked model
+    # "auto" (on CUDA; on a CPU it measured no faster), "stacked" or "single". swarm_size caps the proxies per stacked model
     # (0: 64 on CUDA, 8 on CPU).
     swarm: str = "auto"
     swarm_size: int = 0

@@ -127,9 +127,9 @@ def swarm_size(pc: ProxyConfig) -> int:
     if pc.command or pc.swarm == "single":
         return 1
     device = resolve_device(pc.device)
-    if pc.swarm == "auto" and not (device.startswith("cuda") or (device == "cpu" and pc.n_embd <= 128)):
-        # On a CPU a wide proxy's matmuls already run near the cores' peak, and batched
-        # matmuls measured slower than one proxy after another (BENCHMARKS.md, swarm).
+    if pc.swarm == "auto" and not device.startswith("cuda"):
+        # On a CPU each proxy's matmuls already keep the cores busy, and stacking
+        # measured 0.63-1.06x of one proxy after another (BENCHMARKS.md, swarm).
         return 1
     return pc.swarm_size or (64 if device.startswith("cuda") else 8)
 

@@ -17,7 +17,7 @@ from climb.cli import main
 TINY = ["corpus.max_shards=1", "embed.max_seq_length=32", "cluster.k=8", "cluster.niter=10",
         "proxy.vocab_size=320", "proxy.tokenizer_docs=300", "proxy.n_embd=32", "proxy.seq_len=32",
         "proxy.steps=8", "proxy.batch_size=8", "proxy.warmup_steps=2", "search.iterations=[4,2]",
-        "search.pool_size=2000", "export.token_budget=20000"]
+        "search.pool_size=2000", "export.token_budget=20000", 'proxy.swarm="stacked"']
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_rerun_skips_every_stage(run_dir, caplog):
 
 
 def test_search_stacked_its_proxies(run_dir):
-    # The tiny proxies are narrow, so on a CPU the search trains them as stacked models.
+    # proxy.swarm="stacked": the search trains its proxies as stacked models, as on a GPU.
     recs = [json.loads(x) for x in (run_dir / "search" / "results.jsonl").read_text().splitlines()]
     assert [r["stacked"] for r in recs] == [4] * 4 + [2] * 2
     assert all(r["status"] == "ok" for r in recs)

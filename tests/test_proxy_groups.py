@@ -9,8 +9,8 @@ from climb.config import ProxyConfig, load_config
 
 def test_swarm_size_policy(monkeypatch):
     monkeypatch.setattr(proxy, "resolve_device", lambda pref: "cpu")
-    assert proxy.swarm_size(ProxyConfig(n_embd=64)) == 8           # narrow: stacked on a CPU
-    assert proxy.swarm_size(ProxyConfig(n_embd=256)) == 1          # wide: measured slower stacked on a CPU
+    assert proxy.swarm_size(ProxyConfig(n_embd=64)) == 1           # one by one on a CPU by default
+    assert proxy.swarm_size(ProxyConfig(n_embd=64, swarm="stacked")) == 8
     assert proxy.swarm_size(ProxyConfig(n_embd=256, swarm="stacked", swarm_size=3)) == 3
     assert proxy.swarm_size(ProxyConfig(n_embd=64, swarm="single")) == 1
     assert proxy.swarm_size(ProxyConfig(n_embd=64, command="train {weights} {out}")) == 1
