@@ -21,6 +21,7 @@ import platform
 import sys
 import sysconfig
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -117,10 +118,8 @@ def cluster(args) -> dict:
     km = KMeans(n_clusters=k, algorithm="lloyd", n_init=1, max_iter=iters, init="random", tol=0.0,
                 random_state=0).fit(x)
     t_base = time.perf_counter() - t0
-    ours_inertia = float(((x[:, None, :] - cents[None]) ** 2).sum(-1).min(1).sum()) if n <= 20_000 else None
-    if ours_inertia is None:
-        xt, ct = torch.from_numpy(x).to(args.device), torch.from_numpy(cents).to(args.device)
-        ours_inertia = float(torch.cdist(xt, ct).pow(2).min(1).values.double().sum())
+    xt, ct = torch.from_numpy(x).to(args.device), torch.from_numpy(cents).to(args.device)
+    ours_inertia = float(torch.cdist(xt, ct).pow(2).min(1).values.double().sum())
     rel = (ours_inertia - km.inertia_) / km.inertia_
     assert rel <= 0.01, f"inertia {ours_inertia:.1f} is {rel:.2%} above sklearn's {km.inertia_:.1f}"
     big = 20_000 if args.quick else 1_000_000
@@ -174,8 +173,8 @@ def train(args) -> dict:
     for name, compile_ in (("ours", False), ("ours_compiled", True)):
         if compile_ and args.quick:
             continue
-        cfg_run = TrainConfig(**{**tcfg.__dict__, "compile": compile_})
-        train_proxy(cfg, TrainConfig(**{**cfg_run.__dict__, "steps": 3}), _Batches(data), seed=0,
+        cfg_run = replace(tcfg, compile=compile_)
+        train_proxy(cfg, replace(cfg_run, steps=3), _Batches(data), seed=0,
                     device=args.device)  # warm-up (and compilation)
         _, stats = train_proxy(cfg, cfg_run, _Batches(data), seed=0, device=args.device)
         out[name] = stats
@@ -214,12 +213,12 @@ def swarm(args) -> dict:
         def samplers(k):
             return [MixtureSampler(store, w, cfg.seq_len, 16, seed=i, device=args.device)
                     for i, w in enumerate(mixtures[:k])]
-        train_proxy(cfg, TrainConfig(**{**tcfg.__dict__, "steps": 3}), samplers(1)[0], seed=0, device=args.device)
+        train_proxy(cfg, replace(tcfg, steps=3), samplers(1)[0], seed=0, device=args.device)
         _sync(args.device)
         t0 = time.perf_counter()
         seq = [train_proxy(cfg, tcfg, s, seed=i, device=args.device)[1] for i, s in enumerate(samplers(n_seq))]
         t_seq = (time.perf_counter() - t0) / n_seq  # seconds per proxy, one after another
-        train_stacked(cfg, TrainConfig(**{**tcfg.__dict__, "steps": 3}), samplers(n), seeds=list(range(n)),
+        train_stacked(cfg, replace(tcfg, steps=3), samplers(n), seeds=list(range(n)),
                       device=args.device)
         _sync(args.device)
         t0 = time.perf_counter()

@@ -201,7 +201,7 @@ def train() -> list[dict]:
     import torch
 
     from proxies.model import GPT, GPTConfig
-    from proxies.train import CPU_BF16_MIN_WIDTH, TrainConfig, native_bf16
+    from proxies.train import TrainConfig, native_bf16, uses_bf16
     from proxies.train import train as train_proxy
     steps, bs = _env("BENCH_TRAIN_STEPS", 30), 16
     out = []
@@ -222,12 +222,13 @@ def train() -> list[dict]:
         gap = max(abs(a - b) for a, b in zip(l_ours[:10], l_base[:10]))
         assert gap < 0.05, f"loss curves disagree over the first 10 steps by {gap:.4f}: {l_ours[:3]} vs {l_base[:3]}"
         tokens = steps * bs * cfg.seq_len
-        bf16 = native_bf16(torch.device("cpu")) and cfg.n_embd >= CPU_BF16_MIN_WIDTH
+        bf16 = uses_bf16(torch.device("cpu"), tcfg.precision, cfg.n_embd)
         out.append({"name": f"train_{label.split(',')[0]}", "ours": tokens / stats["seconds"],
                     "baseline": tokens / t_base, "unit": "tokens/s",
                     "ratio": t_base / stats["seconds"],
                     "details": {"config": label, "params": stats["num_params"], "steps": steps, "batch": bs,
-                                "ours_matmuls": "bf16" if bf16 else "fp32", "cpu_native_bf16": bf16,
+                                "ours_matmuls": "bf16" if bf16 else "fp32",
+                                "cpu_native_bf16": native_bf16(torch.device("cpu")),
                                 "max_loss_gap_first_10": gap, "loss_first": [l_ours[0], l_base[0]],
                                 "loss_last": [l_ours[-1], l_base[-1]], "target": ">= 2x"}})
     return out

@@ -92,8 +92,8 @@ class ProxyConfig:
     # slower), "bf16" or "fp32".
     precision: str = "auto"
     # Train several proxies at once as one stacked model (batched matmuls):
-    # "auto" (on CUDA; on a CPU it measured no faster), "stacked" or "single". swarm_size caps the proxies per stacked model
-    # (0: 64 on CUDA, 8 on CPU).
+    # "auto" (on CUDA; on a CPU it measured no faster), "stacked" or "single".
+    # swarm_size caps the proxies per stacked model (0: 64 on CUDA, 8 on CPU).
     swarm: str = "auto"
     swarm_size: int = 0
     # An external trainer instead of the built-in one: a shell command with

@@ -35,7 +35,5 @@ def resolve_dtype(pref: str, device: str) -> torch.dtype:
 
 def cpu_has_bf16() -> bool:
     """True where oneDNN has native bf16 kernels (AVX512-BF16 / AMX): bf16 is then faster, not emulated."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    from proxies.train import native_bf16
+    return native_bf16(torch.device("cpu"))

@@ -231,17 +231,19 @@ class DaskExecutor:
                             "on a filesystem every worker sees", sorted(cwds), os.getcwd())
 
     # ------------------------------------------------------------ mapping
+    def _workers_with(self, resources: dict | None) -> list[dict]:
+        """The workers that advertise every resource named (all of them for none)."""
+        workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
+        return [w for w in workers
+                if all(w.get("resources", {}).get(k, 0) >= v for k, v in (resources or {}).items())]
+
     def _holders(self, resources: dict) -> int:
         """Workers that advertise every resource named."""
-        workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
-        return sum(all(w.get("resources", {}).get(k, 0) >= v for k, v in resources.items()) for w in workers)
+        return len(self._workers_with(resources))
 
     def slots(self, resources: dict | None = None) -> int:
         """How many tasks run at once: the workers (holding the resources, if any hold them) times their threads."""
-        want = self._usable(resources)
-        workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
-        return max(1, sum(w.get("nthreads", 1) for w in workers
-                          if want is None or all(w.get("resources", {}).get(k, 0) >= v for k, v in want.items())))
+        return max(1, sum(w.get("nthreads", 1) for w in self._workers_with(self._usable(resources))))
 
     def _usable(self, resources: dict | None) -> dict | None:
         """Ask for a resource (e.g. GPU) only when some worker advertises it."""

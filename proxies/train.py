@@ -106,11 +106,16 @@ def native_bf16(device: torch.device) -> bool:
 CPU_BF16_MIN_WIDTH = 96
 
 
+def uses_bf16(device: torch.device, precision: str, width: int | None = None) -> bool:
+    """Whether the trainers run a model of this width (n_embd) under bf16 autocast."""
+    if precision != "auto":
+        return precision == "bf16"
+    return native_bf16(device) and (device.type != "cpu" or width is None or width >= CPU_BF16_MIN_WIDTH)
+
+
 def autocast(device: torch.device, precision: str, width: int | None = None):
     """The autocast context the trainers run forward passes under (width: the model's n_embd)."""
-    auto = native_bf16(device) and (device.type != "cpu" or width is None or width >= CPU_BF16_MIN_WIDTH)
-    bf16 = precision == "bf16" or (precision == "auto" and auto)
-    if bf16 and device.type in ("cuda", "cpu"):
+    if uses_bf16(device, precision, width) and device.type in ("cuda", "cpu"):
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
