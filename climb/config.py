@@ -86,6 +86,14 @@ class ProxyConfig:
     lr: float = 3e-3
     warmup_steps: int = 20
     schedule: str = "cosine"
+    # The learning rate the schedule ends at, as a fraction of lr.
+    min_lr_ratio: float = 0.1
+    # Batches whose cluster composition follows the weights exactly (a stride
+    # schedule), instead of drawing each row's cluster at random.
+    exact_batches: bool = False
+    # Common random numbers: with one seed, every cluster yields the same windows in
+    # the same order whatever the mixture, so proxies differ by their mixture only.
+    common_streams: bool = False
     device: str = "auto"
     # bf16 autocast for the proxies' matmuls: "auto" (where the device has native
     # bf16 kernels; on a CPU only for n_embd >= 96, below which it measured
@@ -141,9 +149,16 @@ class SearchConfig:
     # Seeds for the final comparison proxies (eval_seed, eval_seed + 1, ...); the
     # search itself never uses them. Each compared mixture is trained eval_seeds times.
     eval_seed: int = 10_007
-    eval_seeds: int = 3
-    # Baselines trained alongside the found mixture for the comparison table.
+    eval_seeds: int = 5
+    # Baselines trained alongside the found mixture, with the same seeds (paired):
+    # "uniform", "natural", and "one-shot" (RegMix's way at the search's budget: as
+    # many mixtures as the whole search trains, all sampled at once from the initial
+    # distribution, the predictor fitted once, its best predicted mixture taken).
     baselines: tuple[str, ...] = ("uniform", "natural")
+    # Seed noise, measured in every run: the first `replicates` mixtures of
+    # iteration 1 are trained again with `replicate_seeds` more seeds.
+    replicates: int = 2
+    replicate_seeds: int = 2
 
 
 @dataclass(frozen=True)
@@ -163,6 +178,9 @@ class ExecutorConfig:
     dask_threads_per_worker: int = 1
     # An existing scheduler, e.g. tcp://host:8786 (implies kind = "dask").
     dask_address: str = ""
+    # Local processes that train proxies, one torch thread each: 0 = one per
+    # available core when proxies train on a CPU (1 on a GPU or with proxy.command).
+    processes: int = 0
 
 
 @dataclass(frozen=True)
@@ -270,6 +288,16 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"proxy.precision must be 'auto', 'bf16' or 'fp32', got {cfg.proxy.precision!r}")
     if cfg.proxy.swarm not in ("auto", "stacked", "single"):
         raise ConfigError(f"proxy.swarm must be 'auto', 'stacked' or 'single', got {cfg.proxy.swarm!r}")
+    if cfg.search.eval_seeds < 2:
+        raise ConfigError(f"search.eval_seeds must be at least 2 (paired seeds give the comparison its interval), "
+                          f"got {cfg.search.eval_seeds}")
+    unknown = set(cfg.search.baselines) - {"uniform", "natural", "one-shot"}
+    if unknown:
+        raise ConfigError(f"search.baselines: unknown {sorted(unknown)}; choose from uniform, natural, one-shot")
+    if cfg.search.replicates < 0 or cfg.search.replicate_seeds < 0:
+        raise ConfigError("search.replicates and search.replicate_seeds must be >= 0")
+    if cfg.executor.processes < 0:
+        raise ConfigError(f"executor.processes must be >= 0 (0: one per core on a CPU), got {cfg.executor.processes}")
     if cfg.proxy.swarm_size < 0:
         raise ConfigError(f"proxy.swarm_size must be >= 0 (0: automatic), got {cfg.proxy.swarm_size}")
 

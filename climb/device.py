@@ -1,9 +1,12 @@
-"""The one place that decides which torch device and dtype a stage runs on.
+"""The one place that decides which torch device and dtype a stage runs on, and how
+many local processes train proxies.
 
     from climb.device import resolve_device
     resolve_device("auto")  # "cuda" when there is a GPU, else "mps", else "cpu"
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -37,3 +40,17 @@ def cpu_has_bf16() -> bool:
     """True where oneDNN has native bf16 kernels (AVX512-BF16 / AMX): bf16 is then faster, not emulated."""
     from proxies.train import native_bf16
     return native_bf16(torch.device("cpu"))
+
+
+def proxy_processes(proxy_cfg, executor_cfg) -> int:
+    """Local worker processes for proxy runs: `executor.processes`, or (0) one per available
+    core when the built-in trainer runs on a CPU; one otherwise (a GPU, an external
+    command, or Dask, which has workers of its own)."""
+    if executor_cfg.kind == "dask" or executor_cfg.dask_address:
+        return 1
+    if executor_cfg.processes > 0:
+        return executor_cfg.processes
+    if proxy_cfg.command or resolve_device(proxy_cfg.device) != "cpu":
+        return 1
+    from .workers import cpu_slots
+    return cpu_slots()

@@ -48,7 +48,12 @@ log = logging.getLogger(__name__)
 
 
 class LocalExecutor:
+    """Tasks one after another in this process; or, for maps that ask for it (`parallel=True`,
+    the proxy runs), in `processes` worker processes with one torch thread each."""
     kind = "local"
+
+    def __init__(self, processes: int = 1):
+        self.processes = max(1, int(processes))
 
     def __enter__(self):
         return self
@@ -57,11 +62,14 @@ class LocalExecutor:
         return False
 
     def slots(self, resources: dict | None = None) -> int:
-        """How many tasks run at once."""
-        return 1
+        """How many tasks of a parallel map run at once."""
+        return self.processes
 
     def map(self, fn: Callable, tasks: Sequence[Any], desc: str = "", resources: dict | None = None,
-            on_result: Callable[[int, Any], None] | None = None) -> list:
+            on_result: Callable[[int, Any], None] | None = None, parallel: bool = False) -> list:
+        if parallel and self.processes > 1 and len(tasks) > 1:
+            from .workers import pool_map
+            return pool_map(fn, tasks, self.processes, desc=desc, on_result=on_result)
         out = []
         for i, t in enumerate(tqdm(tasks, desc=desc, disable=len(tasks) < 2, leave=False)):
             r = fn(t)
@@ -255,7 +263,7 @@ class DaskExecutor:
         return wanted or None
 
     def map(self, fn: Callable, tasks: Sequence[Any], desc: str = "", resources: dict | None = None,
-            on_result: Callable[[int, Any], None] | None = None) -> list:
+            on_result: Callable[[int, Any], None] | None = None, parallel: bool = True) -> list:
         from distributed import as_completed
         from distributed.scheduler import KilledWorker
         tasks = list(tasks)
@@ -327,7 +335,8 @@ class DaskExecutor:
             ac.add(f)
 
 
-def make_executor(cfg) -> LocalExecutor | DaskExecutor:
+def make_executor(cfg, processes: int = 1) -> LocalExecutor | DaskExecutor:
+    """The executor of a stage; `processes` sizes the local process pool of parallel maps."""
     if cfg.kind == "dask" or cfg.dask_address:
         return DaskExecutor(cfg.dask_address, cfg.dask_workers, cfg.dask_threads_per_worker)
-    return LocalExecutor()
+    return LocalExecutor(processes)

@@ -168,13 +168,19 @@ def _configs(pc: ProxyConfig, tok):
     mcfg = GPTConfig(vocab_size=tok.vocab_size, n_layer=pc.n_layer, n_head=pc.n_head,
                      n_embd=pc.n_embd, seq_len=pc.seq_len)
     tcfg = TrainConfig(steps=pc.steps, batch_size=pc.batch_size, lr=pc.lr, warmup_steps=pc.warmup_steps,
-                       schedule=pc.schedule, precision=pc.precision, log_every=10**9)
+                       schedule=pc.schedule, min_lr_ratio=pc.min_lr_ratio, precision=pc.precision,
+                       log_every=10**9)
     return mcfg, tcfg
+
+
+def _sampler(store, weights: np.ndarray, pc: ProxyConfig, seed: int, device: str):
+    from proxies.sampler import MixtureSampler
+    return MixtureSampler(store, weights / weights.sum(), pc.seq_len, pc.batch_size, seed=seed, device=device,
+                          exact=pc.exact_batches, common=pc.common_streams)
 
 
 def _builtin_stacked(tasks: list[dict]) -> list:
     """Train the group's proxies together; returns one thunk per task that evaluates its proxy."""
-    from proxies.sampler import MixtureSampler
     from proxies.stacked import train_stacked
     pc: ProxyConfig = tasks[0]["proxy"]
     if any(t["proxy"] != pc or t["search_dir"] != tasks[0]["search_dir"] for t in tasks):
@@ -184,7 +190,7 @@ def _builtin_stacked(tasks: list[dict]) -> list:
     samplers = []
     for t in tasks:
         w = np.asarray(t["weights"], dtype=np.float64)
-        samplers.append(MixtureSampler(store, w / w.sum(), pc.seq_len, pc.batch_size, seed=t["seed"], device=device))
+        samplers.append(_sampler(store, w, pc, t["seed"], device))
     mcfg, tcfg = _configs(pc, tok)
     trained = train_stacked(mcfg, tcfg, samplers, seeds=[t["seed"] for t in tasks], device=device)
     log.info("%d proxies trained as one stacked model: %.0f tok/s in all", len(tasks),
@@ -201,14 +207,12 @@ def _builtin_stacked(tasks: list[dict]) -> list:
 
 def _builtin(task: dict) -> tuple[dict, int]:
     import torch
-    from proxies.sampler import MixtureSampler
     from proxies.train import train
     pc: ProxyConfig = task["proxy"]
     device = resolve_device(pc.device)
     store, tok = _resources(Path(task["search_dir"]))
     weights = np.asarray(task["weights"], dtype=np.float64)
-    sampler = MixtureSampler(store, weights / weights.sum(), pc.seq_len, pc.batch_size,
-                             seed=task["seed"], device=device)
+    sampler = _sampler(store, weights, pc, task["seed"], device)
     mcfg, tcfg = _configs(pc, tok)
     model, stats = train(mcfg, tcfg, sampler, seed=task["seed"], device=device)
     metrics = evaluate(model, tok, task["target"], Path(task["run_dir"]), device)

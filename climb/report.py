@@ -119,10 +119,36 @@ def plot_weights(final: np.ndarray, natural: np.ndarray, clusters: list[dict], o
 
 
 def summary_table(summary: dict) -> str:
+    """The comparison as Markdown: each mixture's mean, and climb minus it with a 95% interval."""
     t, res = summary["target"], summary["results"]
+    comp = summary.get("comparison", {})
     best = min(res, key=lambda k: goal_sign(t["goal"]) * res[k])
-    lines = [f"| mixture | {t['name']} ({t['goal']}) |", "| --- | --- |"]
-    lines += [f"| {k}{' (best)' if k == best else ''} | {v:.4f} |" for k, v in res.items()]
+    lines = [f"| mixture | {t['name']} ({t['goal']}) | climb − mixture (95% CI) | verdict |",
+             "| --- | --- | --- | --- |"]
+    for k, v in res.items():
+        c = comp.get(k)
+        if c and c.get("ci95"):
+            diff = f"{c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]"
+            verdict = f"climb {c['verdict']}" if c["verdict"] != "not resolved" else "not resolved"
+        else:
+            diff, verdict = "", ""
+        lines.append(f"| {k}{' (best)' if k == best else ''} | {v:.4f} | {diff} | {verdict} |")
+    return "\n".join(lines)
+
+
+def quality_lines(q: dict) -> str:
+    """The run's noise, signal and predictor skill as Markdown bullets."""
+    def f(v):
+        return "n/a" if v is None else f"{v:.4f}"
+    oof = ", ".join("n/a" if v is None else f"{v:.2f}" for v in q.get("predictor_oof_spearman", []))
+    snr = "n/a" if q.get("snr") is None else f"{q['snr']:.1f}"
+    lines = [f"- seed noise of one proxy (sd): {f(q.get('seed_sd'))}; paired (mixtures sharing a seed): "
+             f"{f(q.get('paired_sd'))} ({q.get('noise_df', 0)} degrees of freedom)",
+             f"- spread of the objective across iteration 1's swarm (sd): {f(q.get('swarm_sd'))}",
+             f"- signal-to-noise (swarm sd / paired sd): {snr}"
+             f" (want >= {q.get('thresholds', {}).get('snr', 2)})",
+             f"- predictor out-of-fold Spearman by iteration: {oof or 'n/a'}"]
+    lines += [f"- **warning**: {w}" for w in q.get("warnings", [])]
     return "\n".join(lines)
 
 
@@ -138,11 +164,19 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
     for f in sorted((paths.root / "search").glob("plan_*.json")):
         for m in read_json(f)["mixtures"]:
             plans[m["mixture_id"]] = m["predicted"]
-    comp = read_json(paths.manifest("search"))["stats"]["comparison"]
+    sstats = read_json(paths.manifest("search"))["stats"]
+    comp = sstats["comparison"]
+    qfile = paths.root / "search" / "quality.json"
+    quality = read_json(qfile) if qfile.exists() else {}
     name = "+".join(cfg.target.objective)
     summary = {"target": {"name": name, "goal": cfg.target.goal},
                "results": {k: float(v) for k, v in comp.items() if v is not None},
-               "proxies_trained": len(results) + len(comp) * cfg.search.eval_seeds,
+               "comparison": sstats.get("verdicts", {}),
+               "quality": {k: quality.get(k) for k in ("seed_sd", "paired_sd", "swarm_sd", "snr",
+                                                       "predictor_oof_spearman", "warnings")},
+               "proxies_trained": sstats.get("proxies", len(results)) + sstats.get("replicate_proxies", 0)
+               + sstats.get("comparison_proxies", len(comp) * cfg.search.eval_seeds)
+               + sstats.get("one_shot_proxies", 0),
                "clusters": len(clusters)}
     figs = plot_clusters(clusters, np.load(paths.root / "cluster" / "cluster_centroids.npy"), out)
     figs += plot_search(results, plans, cfg.target.goal, name, out)
@@ -160,9 +194,15 @@ Target: **{name}**, goal **{cfg.target.goal}**. {len(results)} search proxies ov
 ## Result
 
 Each row is the mean of {cfg.search.eval_seeds} fresh proxies trained with seeds
-{cfg.search.eval_seed}..{cfg.search.eval_seed + cfg.search.eval_seeds - 1}, which the search never used.
+{cfg.search.eval_seed}..{cfg.search.eval_seed + cfg.search.eval_seeds - 1}, which the search never used; every
+mixture gets the same seeds, so each difference is paired by seed, with a 95% paired-t interval. A difference
+whose interval spans zero is not resolved.
 
 {summary_table(summary)}
+
+## How far to trust it
+
+{quality_lines(quality)}
 
 Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy seen during the search:
 {mix['best_seen']['objective']:.4f} ({mix['best_seen']['mixture_id']}).
@@ -184,5 +224,5 @@ Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy see
 ![map](cluster_map.png)
 """
     (out / "report.md").write_text(page)
-    print("\n" + summary_table(summary) + f"\n\nreport: {out / 'report.md'}\n")
+    print("\n" + summary_table(summary) + "\n\n" + quality_lines(quality) + f"\n\nreport: {out / 'report.md'}\n")
     return finish(paths, "report", key, {"figures": figs, "summary": summary}, t0)

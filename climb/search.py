@@ -32,9 +32,12 @@ import numpy as np
 from .cluster import load_assignments
 from .config import RunConfig
 from .embed import shard_name
+from .device import proxy_processes
 from .executor import make_executor
 from .io import InputError, read_documents, read_json, write_json
 from .predictor import goal_sign
+from .quality import (MIN_OOF_SPEARMAN, MIN_SNR, fmt_comparison, oof_spearman, paired_comparison, pooled_noise, snr,
+                      warnings)
 from .proxy import swarm_size, train_and_score, train_and_score_group
 from .stage import RunPaths, begin, finish, is_done, skipped, stage_key, upstream_hash
 
@@ -190,7 +193,7 @@ def run_proxies(cfg: RunConfig, ex, tasks: list[dict], desc: str, on_record) -> 
     """
     size = swarm_size(cfg.proxy)
     if size <= 1 or len(tasks) < 2:
-        return ex.map(train_and_score, tasks, desc=desc, resources={"GPU": 1}, on_result=on_record)
+        return ex.map(train_and_score, tasks, desc=desc, resources={"GPU": 1}, on_result=on_record, parallel=True)
     per = max(1, min(size, math.ceil(len(tasks) / ex.slots({"GPU": 1}))))
     starts = list(range(0, len(tasks), per))
     out: list = [None] * len(tasks)
@@ -200,7 +203,7 @@ def run_proxies(cfg: RunConfig, ex, tasks: list[dict], desc: str, on_record) -> 
             out[starts[g] + j] = rec
             on_record(starts[g] + j, rec)
     ex.map(train_and_score_group, [tasks[i:i + per] for i in starts], desc=f"{desc} ({per} per stacked model)",
-           resources={"GPU": 1}, on_result=got)
+           resources={"GPU": 1}, on_result=got, parallel=True)
     return out
 
 
@@ -234,7 +237,8 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
     t0 = time.time()
     sdir = begin(paths, "search", key, keep_on_change=True)
     sc = cfg.search
-    with make_executor(cfg.executor) as ex:
+    oof: list = []
+    with make_executor(cfg.executor, proxy_processes(cfg.proxy, cfg.executor)) as ex:
         space = mixture_space(cfg, prepare(cfg, paths, ex)["tokens"])
         results = read_results(paths)
         done = {r["mixture_id"] for r in results}
@@ -248,50 +252,159 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
             new = run_proxies(cfg, ex, tasks, f"proxies it{it + 1}", lambda i, rec: _append(paths, rec))
             results += new
             _write_swarm_csv(paths, results)
+            if it == 0:
+                reps = replicates(cfg, paths, ex, results)
+                q = _quality(cfg, results, reps, {}, [])
+                log.info("noise after iteration 1: seed sd %s, paired sd %s, swarm sd %s, signal-to-noise %s",
+                         *(_fmt(q[k]) for k in ("seed_sd", "paired_sd", "swarm_sd", "snr")))
+                for w in warnings(q):
+                    log.warning("%s", w)
+            oof.append(_oof(cfg, results))
             ok = [r for r in results if r["status"] == "ok"]
             if ok:
                 best = min(ok, key=lambda r: goal_sign(cfg.target.goal) * r["objective"])
-                log.info("after iteration %d: best %s = %.4f (%s)", it + 1, ",".join(cfg.target.objective),
-                         best["objective"], best["mixture_id"])
+                log.info("after iteration %d: best %s = %.4f (%s); predictor out-of-fold Spearman %s",
+                         it + 1, ",".join(cfg.target.objective), best["objective"], best["mixture_id"],
+                         _fmt(oof[-1]))
         final = final_mixture(cfg, space, results)
         write_json(sdir / "mixture.json", {**final, "natural": space["natural"].tolist(),
                                            "uniform": space["uniform"].tolist(),
                                            "max_weight": space["max_weight"].tolist(),
                                            "goal": cfg.target.goal, "objective": list(cfg.target.objective)})
-        comparison = compare(cfg, paths, ex, {"climb": final["weights"], "uniform": space["uniform"],
-                                              "natural": space["natural"]})
+        mixtures = {"climb": final["weights"], "uniform": space["uniform"], "natural": space["natural"]}
+        if "one-shot" in sc.baselines:
+            mixtures["one-shot"] = one_shot(cfg, paths, ex, space, results)
+        runs = compare(cfg, paths, ex, mixtures)
+    table, verdicts = comparison_table(cfg, runs)
+    quality = _quality(cfg, results, reps, runs, oof)
+    quality["comparison"] = verdicts
+    quality["warnings"] = warnings(quality)
+    write_json(sdir / "quality.json", quality)
+    for w in quality["warnings"]:
+        log.warning("%s", w)
     failed = sum(r["status"] != "ok" for r in results)
-    stats = {"proxies": len(results), "failed": failed, "comparison": comparison,
-             "clusters": len(space["natural"]), "final_predicted": final["predicted"]}
+    stats = {"proxies": len(results), "failed": failed, "comparison": table, "verdicts": verdicts,
+             "quality": {k: quality[k] for k in ("seed_sd", "paired_sd", "swarm_sd", "snr",
+                                                 "predictor_oof_spearman")},
+             "clusters": len(space["natural"]), "final_predicted": final["predicted"],
+             "replicate_proxies": sum(len(v) - 1 for v in reps.values()),  # less the search's own run
+             "comparison_proxies": sum(len(v) for v in runs.values()),
+             "one_shot_proxies": len(read_json(sdir / "one_shot.json")) if (sdir / "one_shot.json").exists() else 0}
     return finish(paths, "search", key, stats, t0)
 
 
-def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict) -> dict:
-    """Train fresh proxies (seeds the search never used) on each named mixture; mean per mixture.
+def _fmt(v) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
 
-    Proxy-to-proxy noise from the seed is of the order of the differences being
-    measured, so each mixture is trained with `search.eval_seeds` seeds and the
-    mean is reported (every run is kept in comparison.json).
-    """
+
+def _oof(cfg: RunConfig, results: list[dict]) -> float | None:
+    ok = _ok_sorted(results)
+    if len(ok) < 6:
+        return None
+    return oof_spearman([r["weights"] for r in ok], [r["objective"] for r in ok], cfg.search.predictor,
+                        seed=cfg.search.seed)
+
+
+def replicates(cfg: RunConfig, paths: RunPaths, ex, results: list[dict]) -> dict:
+    """Retrain the first `search.replicates` mixtures of iteration 1 with `replicate_seeds` more
+    seeds; returns {mixture_id: {seed: objective}} including the search's own seed."""
+    sc = cfg.search
+    out_file = paths.root / "search" / "replicates.json"
+    have = read_json(out_file) if out_file.exists() else {}
+    first = sorted((r for r in results if r["iteration"] == 0), key=lambda r: r["mixture_id"])[: sc.replicates]
+    seeds = [sc.seed + 1 + s for s in range(sc.replicate_seeds)]
+    todo = [(r, s) for r in first for s in seeds if f"{r['mixture_id']}/{s}" not in have]
+    tasks = [_task(cfg, paths, f"{r['mixture_id']}-seed{s}", 0, r["weights"], s) for r, s in todo]
+
+    def keep(i: int, rec: dict) -> None:
+        have["{}/{}".format(todo[i][0]["mixture_id"], todo[i][1])] = rec
+        write_json(out_file, have)
+    if tasks:
+        run_proxies(cfg, ex, tasks, "replicate seeds", keep)
+    table = {}
+    for r in first:
+        row = {sc.seed: r["objective"]}
+        row.update({s: have[f"{r['mixture_id']}/{s}"]["objective"] for s in seeds})
+        table[r["mixture_id"]] = row
+    return table
+
+
+def _quality(cfg: RunConfig, results: list[dict], reps: dict, runs: dict, oof: list) -> dict:
+    """Noise (replicates and comparison runs pooled), signal (iteration 1's spread), SNR, predictor skill."""
+    tables = [[list(row.values()) for row in reps.values()]] if reps else []
+    if runs:
+        tables.append([[rec["objective"] for rec in per.values()] for per in runs.values()])
+    clean = [[[v if v is not None else np.nan for v in row] for row in t] for t in tables]
+    n = pooled_noise(clean)
+    swarm = [r["objective"] for r in results if r["iteration"] == 0 and r["status"] == "ok"]
+    sd = float(np.std(swarm, ddof=1)) if len(swarm) > 2 else None
+    return {"seed_sd": n["seed_sd"], "paired_sd": n["paired_sd"], "noise_df": n["df"], "swarm_sd": sd,
+            "snr": snr(swarm, n["paired_sd"]), "predictor_oof_spearman": oof,
+            "replicates": {k: {str(s): v for s, v in row.items()} for k, row in reps.items()},
+            "thresholds": {"snr": MIN_SNR, "oof_spearman": MIN_OOF_SPEARMAN}}
+
+
+def one_shot(cfg: RunConfig, paths: RunPaths, ex, space: dict, results: list[dict]) -> list[float]:
+    """RegMix's way at the search's budget: sum(iterations) mixtures from the initial distribution
+    (the first ones are iteration 1's, already trained), the predictor fitted once, its best taken."""
+    sc = cfg.search
+    total = sum(sc.iterations)
+    pool = _candidates(cfg, space, max(total * 20, 1000), sc.seed)[:total]
+    trained = {r["mixture_id"]: r for r in results if r["iteration"] == 0}
+    out_file = paths.root / "search" / "one_shot.json"
+    have = read_json(out_file) if out_file.exists() else {}
+    todo = [j for j in range(total) if f"it0-{j:03d}" not in trained and f"oneshot-{j:03d}" not in have]
+    tasks = [_task(cfg, paths, f"oneshot-{j:03d}", -2, pool[j], sc.seed) for j in todo]
+
+    def keep(i: int, rec: dict) -> None:
+        have[f"oneshot-{todo[i]:03d}"] = rec
+        write_json(out_file, have)
+    if tasks:
+        log.info("one-shot baseline: %d more proxies from the initial distribution", len(tasks))
+        run_proxies(cfg, ex, tasks, "one-shot proxies", keep)
+    recs = [trained.get(f"it0-{j:03d}") or have[f"oneshot-{j:03d}"] for j in range(total)]
+    pick = final_mixture(cfg, space, recs)
+    write_json(paths.root / "search" / "one_shot_mixture.json", pick)
+    return pick["weights"]
+
+
+def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict) -> dict:
+    """Train every compared mixture with the same fresh seeds (paired; seeds the search never
+    used). Returns {name: {seed: record}}; every run is kept in comparison.json."""
     out_file = paths.root / "search" / "comparison.json"
     have = read_json(out_file) if out_file.exists() else {}
     names = ["climb"] + [b for b in cfg.search.baselines if b in mixtures]
-    runs = [(n, cfg.search.eval_seed + s) for n in names for s in range(cfg.search.eval_seeds)]
-    todo = [(n, seed) for n, seed in runs if f"{n}/{seed}" not in have]
+    seeds = [cfg.search.eval_seed + s for s in range(cfg.search.eval_seeds)]
+    todo = [(n, seed) for n in names for seed in seeds if f"{n}/{seed}" not in have]
     tasks = [_task(cfg, paths, f"final-{n}-{seed}", -1, mixtures[n], seed) for n, seed in todo]
 
     def keep(i: int, rec: dict) -> None:
         have["{}/{}".format(*todo[i])] = rec
         write_json(out_file, have)
     run_proxies(cfg, ex, tasks, "final comparison", keep)
-    table = {}
-    for n in names:
-        vals = [have[f"{n}/{seed}"]["objective"] for m, seed in runs if m == n]
-        vals = [v for v in vals if v is not None]
+    return {n: {seed: have[f"{n}/{seed}"] for seed in seeds} for n in names}
+
+
+def comparison_table(cfg: RunConfig, runs: dict) -> tuple[dict, dict]:
+    """Mean objective per mixture, and climb against each baseline (paired by seed)."""
+    table, verdicts = {}, {}
+    for n, per in runs.items():
+        vals = [r["objective"] for r in per.values() if r["objective"] is not None]
         table[n] = float(np.mean(vals)) if vals else None
-    log.info("final comparison (%s, %s; mean of %d seeds): %s", ",".join(cfg.target.objective), cfg.target.goal,
+    ours = runs["climb"]
+    for n, per in runs.items():
+        if n == "climb":
+            continue
+        seeds = sorted(per)
+        pair = [(ours[s]["objective"], per[s]["objective"]) for s in seeds]
+        a = [x if x is not None else np.nan for x, _ in pair]
+        b = [y if y is not None else np.nan for _, y in pair]
+        verdicts[n] = paired_comparison(a, b, cfg.target.goal)
+    log.info("final comparison (%s, %s; %d paired seeds): %s", ",".join(cfg.target.objective), cfg.target.goal,
              cfg.search.eval_seeds, {k: round(v, 4) if v is not None else None for k, v in table.items()})
-    return table
+    for n, c in verdicts.items():
+        log.info("climb vs %s: %s", n, fmt_comparison(n, c))
+    return table, verdicts
 
 
 def _write_swarm_csv(paths: RunPaths, results: list[dict]) -> None:

@@ -1,9 +1,23 @@
 """Batches of training windows drawn from a weighted mixture of token-store clusters.
 
-Each row of a batch first picks a cluster with probability ``weights[c]``, then a
-uniformly random window of ``seq_len + 1`` tokens inside that cluster's token
-array; x is the first ``seq_len`` tokens and y the same window shifted by one.
-All randomness comes from a numpy Generator seeded by ``seed``, so a sampler is
+Each row of a batch is a window of ``seq_len + 1`` tokens from one cluster; x is
+the first ``seq_len`` tokens and y the same window shifted by one. Two choices,
+each of which lowers the noise of a proxy's score (BENCHMARKS.md, proxy noise):
+
+- which cluster a row comes from: ``exact=True`` allocates rows so that the
+  running count of every cluster stays within one row of ``weights * rows`` (a
+  deterministic stride schedule: each row goes to the cluster furthest behind its
+  share), so every stretch of training follows the weights; ``exact=False`` draws
+  each row's cluster i.i.d. with probability ``weights[c]``.
+- which window: ``common=True`` gives every cluster its own random stream, seeded
+  by (seed, cluster), that walks the cluster in a random order of non-overlapping
+  windows (a fresh order and offset each pass). The n-th window drawn from a
+  cluster is then the same whatever the mixture: two proxies with one seed see
+  the same documents in the same order within each cluster (common random
+  numbers), so their difference measures the mixture, not the draw.
+  ``common=False`` draws a uniformly random window from one generator.
+
+All randomness comes from numpy Generators seeded by ``seed``, so a sampler is
 reproducible and independent of global RNG state.
 
 Usage::
@@ -71,6 +85,8 @@ class MixtureSampler:
         batch_size: int,
         seed: int,
         device: str | torch.device = "cpu",
+        exact: bool = False,
+        common: bool = False,
     ) -> None:
         if seq_len <= 0 or batch_size <= 0:
             raise ValueError(f"seq_len and batch_size must be positive, got {seq_len}, {batch_size}")
@@ -87,6 +103,11 @@ class MixtureSampler:
         # Valid window starts are 0 .. n - seq_len - 1 inclusive.
         self._n_starts = np.array([store.tokens[c] - self.seq_len for c in self._active], dtype=np.int64)
         self._pin = self.device.type == "cuda"
+        self.exact, self.common = bool(exact), bool(common)
+        self._taken = np.zeros(len(self._active), dtype=np.float64)  # rows given to each active cluster
+        self._rows = 0
+        self._streams = [_WindowStream(self._arrays[int(c)], self.seq_len, (int(seed), int(c)))
+                         for c in self._active] if self.common else []
 
     @property
     def tokens_per_batch(self) -> int:
@@ -94,12 +115,28 @@ class MixtureSampler:
 
     def sample_windows(self) -> tuple[np.ndarray, np.ndarray]:
         """One batch of windows as int64 [batch_size, seq_len + 1] plus each row's cluster id."""
-        which = self.rng.choice(len(self._active), size=self.batch_size, p=self._p)
-        starts = self.rng.integers(0, self._n_starts[which])
+        which = self._exact_rows() if self.exact else self.rng.choice(len(self._active), size=self.batch_size,
+                                                                       p=self._p)
         buf = np.empty((self.batch_size, self.seq_len + 1), dtype=np.int64)
-        for row, (k, s) in enumerate(zip(which, starts)):
-            buf[row] = self._arrays[int(self._active[k])][s : s + self.seq_len + 1]
+        if self.common:
+            for row, k in enumerate(which):
+                buf[row] = self._streams[int(k)].next()
+        else:
+            starts = self.rng.integers(0, self._n_starts[which])
+            for row, (k, s) in enumerate(zip(which, starts)):
+                buf[row] = self._arrays[int(self._active[k])][s : s + self.seq_len + 1]
         return buf, self._active[which]
+
+    def _exact_rows(self) -> np.ndarray:
+        # Stride schedule: each row goes to the cluster whose count lags its share most,
+        # so after r rows every count is within one of weights * r.
+        which = np.empty(self.batch_size, dtype=np.int64)
+        for row in range(self.batch_size):
+            self._rows += 1
+            k = int(np.argmax(self._p * self._rows - self._taken))
+            self._taken[k] += 1
+            which[row] = k
+        return which
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         buf, _ = self.sample_windows()
@@ -114,3 +151,28 @@ class MixtureSampler:
     def __iter__(self):
         while True:
             yield self.next_batch()
+
+
+class _WindowStream:
+    """One cluster's windows in a random order of non-overlapping windows, pass after pass."""
+
+    def __init__(self, array: np.ndarray, seq_len: int, seed: tuple[int, int]) -> None:
+        self.array, self.seq_len = array, seq_len
+        self.rng = np.random.default_rng(list(seed))
+        self.order: np.ndarray = np.empty(0, dtype=np.int64)
+        self.pos = 0
+
+    def _new_pass(self) -> None:
+        n, L = len(self.array), self.seq_len
+        # A random offset each pass, so window boundaries move between passes.
+        offset = int(self.rng.integers(0, max(1, min(L, n - L))))
+        count = max(1, (n - 1 - offset) // L)
+        self.order = offset + L * self.rng.permutation(count)
+        self.pos = 0
+
+    def next(self) -> np.ndarray:
+        if self.pos >= len(self.order):
+            self._new_pass()
+        s = int(self.order[self.pos])
+        self.pos += 1
+        return self.array[s : s + self.seq_len + 1]

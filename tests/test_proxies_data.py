@@ -203,3 +203,56 @@ def test_sampler_accepts_tiny_rounding(labelled_store):
     s = MixtureSampler(labelled_store, np.array([0.7, 0.3 + 5e-7, 0, 0, 0]), seq_len=16, batch_size=4, seed=0)
     assert s.weights.sum() == pytest.approx(1.0, abs=1e-12)
     s.next_batch()
+
+
+def _clusters_of(x: torch.Tensor, y: torch.Tensor) -> list[int]:
+    return [_row_cluster(torch.cat([r, yr[-1:]])) for r, yr in zip(x, y)]
+
+
+def test_exact_batches_follow_the_weights_at_every_row(labelled_store):
+    w = np.array([0.55, 0.3, 0.15, 0.0, 0.0])
+    s = MixtureSampler(labelled_store, w, seq_len=16, batch_size=7, seed=0, exact=True)
+    rows = []
+    for _ in range(30):
+        rows += _clusters_of(*s.next_batch())
+        counts = np.bincount(rows, minlength=5)
+        # every prefix of the stream is within one row of its share, cluster by cluster
+        assert np.all(np.abs(counts - w * len(rows)) <= 1.0 + 1e-9), (counts, w * len(rows))
+    # i.i.d. draws wander much further than one row from their shares
+    iid = MixtureSampler(labelled_store, w, seq_len=16, batch_size=7, seed=0)
+    rows = sum((_clusters_of(*iid.next_batch()) for _ in range(30)), [])
+    assert np.abs(np.bincount(rows, minlength=5) - w * len(rows)).max() > 1.0
+
+
+def test_common_streams_give_each_cluster_the_same_windows_whatever_the_mixture(labelled_store):
+    def per_cluster(weights, seed, batches=12):
+        s = MixtureSampler(labelled_store, np.array(weights), seq_len=16, batch_size=6, seed=seed,
+                           exact=True, common=True)
+        got: dict[int, list] = {}
+        for _ in range(batches):
+            x, y = s.next_batch()
+            for r, yr, c in zip(x, y, _clusters_of(x, y)):
+                got.setdefault(c, []).append(torch.cat([r, yr[-1:]]).tolist())
+        return got
+    a = per_cluster([0.5, 0.5, 0, 0, 0], seed=1)
+    b = per_cluster([0.2, 0.3, 0.5, 0, 0], seed=1)
+    for c in (0, 1):
+        n = min(len(a[c]), len(b[c]))
+        assert n >= 10 and a[c][:n] == b[c][:n]  # the n-th window of a cluster is the same in both
+    other_seed = per_cluster([0.5, 0.5, 0, 0, 0], seed=2)
+    assert other_seed[0][:5] != a[0][:5]
+
+
+def test_common_streams_walk_a_cluster_without_repeats_within_a_pass(labelled_store):
+    n = int(labelled_store.tokens[0])
+    s = MixtureSampler(labelled_store, np.array([1.0, 0, 0, 0, 0]), seq_len=16, batch_size=1, seed=3, common=True)
+    arr = labelled_store.array(0).astype(np.int64)
+    starts = []
+    for _ in range((n - 17) // 16):
+        x, _ = s.next_batch()
+        row = x[0].numpy()
+        hits = [i for i in range(n - 16) if np.array_equal(arr[i:i + 16], row)]
+        assert hits
+        starts.append(hits[0])
+    assert len(set(starts)) == len(starts)  # no window twice in one pass
+    assert len({st % 16 for st in starts}) == 1  # one offset per pass: non-overlapping windows

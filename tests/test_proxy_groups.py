@@ -25,7 +25,7 @@ class _Ex:
     def slots(self, resources=None):
         return self.n
 
-    def map(self, fn, tasks, desc="", resources=None, on_result=None):
+    def map(self, fn, tasks, desc="", resources=None, on_result=None, parallel=False):
         out = []
         for i, t in enumerate(tasks):
             self.groups.append(len(t) if isinstance(t, list) else 1)

@@ -84,3 +84,39 @@ def test_goal_sign():
     assert search.goal_sign("minimize") == 1.0 and search.goal_sign("maximize") == -1.0
     with pytest.raises(ValueError):
         search.goal_sign("lower")
+
+
+NOISY = Path(__file__).parent / "helpers" / "noisy_proxy.py"
+
+
+def test_search_measures_its_noise_and_judges_with_paired_seeds(clustered):
+    cfg, paths = clustered("minimize", "loss", "run-noisy", extra=[
+        f'proxy.command="{sys.executable} {NOISY} {{weights}} {{out}}"', "search.iterations=[10, 6]",
+        'search.baselines=["uniform", "natural", "one-shot"]', "search.replicates=3", "search.replicate_seeds=3",
+        "search.eval_seeds=6"])
+    stats = search.run(cfg, paths)
+    sdir = paths.root / "search"
+    q = json.loads((sdir / "quality.json").read_text())
+    # the replicate table: 3 mixtures x (search seed + 3 more); comparison: 4 mixtures x 6 seeds
+    assert stats["replicate_proxies"] == 9 and stats["comparison_proxies"] == 24
+    assert len(q["replicates"]) == 3 and all(len(v) == 4 for v in q["replicates"].values())
+    # the seed effect (sd 0.05) is shared by mixtures; only the 0.002 interaction is paired noise
+    assert 0.02 < q["seed_sd"] < 0.1 and q["paired_sd"] < 0.006
+    assert q["snr"] == pytest.approx(q["swarm_sd"] / q["paired_sd"]) and q["snr"] > 2
+    assert len(q["predictor_oof_spearman"]) == 2 and q["predictor_oof_spearman"][-1] > 0.5
+    # the bowl's optimum is far from uniform and natural: paired seeds resolve it although
+    # the seed noise (0.05) is larger than some of the differences
+    for name in ("uniform", "natural"):
+        c = q["comparison"][name]
+        assert c["verdict"] == "better" and c["seeds"] == 6 and c["ci95"][1] < 0 and c["diff"] < 0
+    assert set(q["comparison"]) == {"uniform", "natural", "one-shot"}
+    # one-shot: 16 mixtures from the initial sampler at the search's budget, 10 of them iteration 1's
+    one = json.loads((sdir / "one_shot.json").read_text())
+    assert len(one) == 16 - 10 and stats["one_shot_proxies"] == 6
+    pick = json.loads((sdir / "one_shot_mixture.json").read_text())
+    assert abs(sum(pick["weights"]) - 1) < 1e-6
+    # a rerun trains nothing again
+    (sdir / "manifest.json").unlink()
+    before = {f: (sdir / f).read_text() for f in ("comparison.json", "replicates.json", "one_shot.json")}
+    search.run(cfg, paths)
+    assert {f: (sdir / f).read_text() for f in before} == before

@@ -1,0 +1,151 @@
+"""How noisy is a proxy's score, and how much signal does a swarm carry?
+
+For each proxy variant (a set of `proxy.*` overrides) on a finished run's token
+store and target, at equal proxy tokens unless a variant changes them:
+
+- replicates: R mixtures (natural, uniform and the first swarm mixtures) each
+  trained with S seeds. `seed_sd` is the pooled within-mixture sd (one proxy's
+  seed noise); `paired_sd` is the sd of the mixture x seed interaction, the
+  part of the noise that does not cancel when mixtures share a seed, as the
+  search's proxies do;
+- a swarm: N mixtures from the search's own initial sampler, one seed each.
+  `swarm_sd` is the spread of the objective; `snr` = swarm_sd / paired_sd;
+- on the demo, Spearman(tech share, objective) over the swarm
+  (`benchmarks/demo_answer.py`): whether the proxies see the known answer.
+
+Proxies run in worker processes with one torch thread each.
+
+    python benchmarks/proxy_noise.py --run runs/demo --variants iid exact common stratified
+    python benchmarks/proxy_noise.py --run runs/demo --variant-set 'long=proxy.steps=400' --replicates 4 --seeds 4
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import spearmanr
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# proxy.* overrides per named variant ("iid" is the sampler before exact batches and common streams).
+VARIANTS = {
+    "iid": {"exact_batches": False, "common_streams": False},
+    "exact": {"exact_batches": True, "common_streams": False},
+    "common": {"exact_batches": False, "common_streams": True},
+    "stratified": {"exact_batches": True, "common_streams": True},
+}
+
+
+def _init_worker() -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+    torch.set_num_threads(1)
+
+
+def _run(task: dict) -> dict:
+    from climb.proxy import train_and_score
+    return train_and_score(task)
+
+
+def noise_stats(table: np.ndarray) -> dict:
+    """table[m, s]: objective of mixture m with seed s."""
+    R, S = table.shape
+    within = table - table.mean(1, keepdims=True)
+    seed_sd = float(np.sqrt((within ** 2).sum() / (R * (S - 1))))
+    resid = within - within.mean(0, keepdims=True)
+    paired_sd = float(np.sqrt((resid ** 2).sum() / ((R - 1) * (S - 1))))
+    return {"seed_sd": seed_sd, "paired_sd": paired_sd, "mixture_means": table.mean(1).round(4).tolist(),
+            "table": table.round(4).tolist()}
+
+
+def _parse_set(items: list[str]) -> dict:
+    out = {}
+    for it in items:
+        k, v = it.split("=", 1)
+        out[k.removeprefix("proxy.")] = json.loads(v) if v[:1] in "[{0123456789-tf" else v
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", default="runs/demo", help="a finished run (search/tokens, target)")
+    ap.add_argument("--config", default="", help="config of the run (default: <run>/config.toml)")
+    ap.add_argument("--variants", nargs="*", default=[], choices=sorted(VARIANTS))
+    ap.add_argument("--variant-set", nargs="*", default=[],
+                    help="NAME=proxy.k=v,proxy.k2=v2 (on top of the config), e.g. long=proxy.steps=400")
+    ap.add_argument("--replicates", type=int, default=4, help="mixtures trained with every seed")
+    ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--swarm", type=int, default=16, help="mixtures of the initial sampler, one seed each")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "proxy_noise.json"))
+    a = ap.parse_args(argv)
+
+    from climb.config import load_config
+    from climb.search import _candidates, mixture_space
+    from climb.stage import RunPaths
+    from proxies.tokens import TokenStore
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from demo_answer import cluster_label_shares
+
+    run = Path(a.run).resolve()
+    cfg = load_config(a.config or run / "config.toml")
+    paths = RunPaths(run)
+    store = TokenStore(run / "search" / "tokens")
+    space = mixture_space(cfg, store.tokens.astype(np.int64))
+    swarm = _candidates(cfg, space, max(a.swarm * 20, 1000), cfg.search.seed)[: a.swarm]
+    reps = [space["natural"], space["uniform"]] + list(swarm[: max(0, a.replicates - 2)])
+    try:
+        tech = cluster_label_shares(run)
+    except Exception as e:  # not the demo corpus (no label column)
+        print(f"no tech shares ({e})", file=sys.stderr)
+        tech = None
+
+    variants = {v: VARIANTS[v] for v in a.variants}
+    for spec in a.variant_set:
+        name, rest = spec.split("=", 1)
+        variants[name] = _parse_set(rest.split(","))
+    results = json.loads(Path(a.out).read_text()) if Path(a.out).exists() else {}
+    with ProcessPoolExecutor(a.workers, initializer=_init_worker,
+                             mp_context=__import__("multiprocessing").get_context("spawn")) as pool:
+        for name, over in variants.items():
+            pc = dataclasses.replace(cfg.proxy, **over)
+            t0 = time.time()
+
+            def task(mid, w, seed):
+                return {"mixture_id": mid, "iteration": 0, "weights": [float(x) for x in w], "seed": seed,
+                        "search_dir": str(run / "search"), "run_dir": str(run), "proxy": pc, "target": cfg.target}
+            rep_tasks = [task(f"rep{m}-s{s}", w, 1000 + s) for m, w in enumerate(reps) for s in range(a.seeds)]
+            swarm_tasks = [task(f"swarm{j}", w, 1000) for j, w in enumerate(swarm)]
+            recs = list(pool.map(_run, rep_tasks + swarm_tasks))
+            bad = [r for r in recs if r["status"] != "ok"]
+            if bad:
+                raise SystemExit(f"{name}: {len(bad)} proxies failed: {bad[0].get('error')}")
+            table = np.array([r["objective"] for r in recs[: len(rep_tasks)]]).reshape(len(reps), a.seeds)
+            obj = np.array([r["objective"] for r in recs[len(rep_tasks):]])
+            st = noise_stats(table)
+            st.update(swarm_sd=float(obj.std(ddof=1)), swarm=obj.round(4).tolist(),
+                      snr=float(obj.std(ddof=1) / st["paired_sd"]), snr_seed=float(obj.std(ddof=1) / st["seed_sd"]),
+                      train_loss=float(np.mean([r["metrics"]["train_loss"] for r in recs])),
+                      tokens=int(recs[0]["tokens"]), overrides=over, seconds=round(time.time() - t0, 1),
+                      proxy_seconds=float(np.mean([r["seconds"] for r in recs])))
+            if tech is not None:
+                st["spearman_tech"] = float(spearmanr(swarm @ tech, obj).statistic)
+            results[name] = st
+            print(f"{name}: seed_sd {st['seed_sd']:.4f} paired_sd {st['paired_sd']:.4f} swarm_sd {st['swarm_sd']:.4f} "
+                  f"snr {st['snr']:.2f} tech rho {st.get('spearman_tech', float('nan')):.2f} "
+                  f"train_loss {st['train_loss']:.3f} ({st['seconds']:.0f} s, {st['proxy_seconds']:.1f} s/proxy)",
+                  flush=True)
+            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
