@@ -88,6 +88,8 @@ class ProxyConfig:
     schedule: str = "cosine"
     # The learning rate the schedule ends at, as a fraction of lr.
     min_lr_ratio: float = 0.1
+    # Evaluate the mean of the weights over this last fraction of the steps (0: off).
+    average_last: float = 0.0
     # Batches whose cluster composition follows the weights exactly (a stride
     # schedule), instead of drawing each row's cluster at random.
     exact_batches: bool = False

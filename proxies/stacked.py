@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from .model import GPT, GPTConfig
 from .sampler import MixtureSampler
-from .train import TrainConfig, autocast, lr_at
+from .train import TailAverage, TrainConfig, autocast, average_from, lr_at
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +195,7 @@ def train_stacked(
                                   **({"fused": True} if cuda else {}))
     losses = torch.zeros(train_cfg.steps, P, device=device)
     tokens_per_step = train_cfg.batch_size * seq_len
+    tail_avg, avg_from = TailAverage(), average_from(train_cfg)  # elementwise, so per proxy as in train()
     t0 = time.perf_counter()
     for step in range(train_cfg.steps):
         for group in optimizer.param_groups:
@@ -212,6 +213,8 @@ def train_stacked(
             _clip_per_proxy(params, train_cfg.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if step >= avg_from:
+            tail_avg.update(model)
         losses[step] = step_loss
         if train_cfg.log_every > 0 and ((step + 1) % train_cfg.log_every == 0 or step + 1 == train_cfg.steps):
             cur = losses[step]
@@ -219,6 +222,7 @@ def train_stacked(
                         cur.min().item(), cur.max().item())
     per_step = losses.t().tolist()  # syncs the device
     seconds = time.perf_counter() - t0
+    tail_avg.copy_to(model)
     tail = max(1, math.ceil(0.1 * train_cfg.steps))
     tokens = train_cfg.steps * tokens_per_step
     out = []

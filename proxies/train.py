@@ -57,6 +57,9 @@ class TrainConfig:
     precision: str = "auto"
     # torch.compile the model (pays a one-off compilation; worth it for long GPU runs).
     compile: bool = False
+    # Evaluate the mean of the weights over this last fraction of steps (0: the last
+    # weights). Averaging the tail removes much of the step-to-step SGD noise.
+    average_last: float = 0.0
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -65,6 +68,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.schedule={self.schedule!r}; choose one of {SCHEDULES}")
         if self.steps <= 0 or self.batch_size <= 0:
             raise ValueError(f"TrainConfig needs positive steps and batch_size, got {self.steps}, {self.batch_size}")
+        if not 0.0 <= self.average_last < 1.0:
+            raise ValueError(f"TrainConfig.average_last must be in [0, 1), got {self.average_last}")
         if not 0.0 < self.decay_frac <= 1.0:
             raise ValueError(f"TrainConfig.decay_frac must be in (0, 1], got {self.decay_frac}")
 
@@ -120,6 +125,37 @@ def autocast(device: torch.device, precision: str, width: int | None = None):
     return contextlib.nullcontext()
 
 
+def average_from(cfg: TrainConfig) -> int:
+    """The first step whose weights enter the tail average (cfg.steps: no averaging)."""
+    if cfg.average_last <= 0:
+        return cfg.steps
+    return max(0, cfg.steps - max(1, round(cfg.average_last * cfg.steps)))
+
+
+class TailAverage:
+    """Running equal-weight mean of a module's parameters over the steps it is updated."""
+
+    def __init__(self) -> None:
+        self.avg: list[torch.Tensor] | None = None
+        self.n = 0
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        params = [p.detach() for p in model.parameters()]
+        self.n += 1
+        if self.avg is None:
+            self.avg = [p.clone().float() for p in params]
+            return
+        for a, p in zip(self.avg, params):
+            a.add_(p.float() - a, alpha=1.0 / self.n)
+
+    @torch.no_grad()
+    def copy_to(self, model: torch.nn.Module) -> None:
+        if self.avg is not None:
+            for a, p in zip(self.avg, model.parameters()):
+                p.copy_(a.to(p.dtype))
+
+
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     # Decay only matrices (linear weights, embeddings); biases and LayerNorm gains are left alone.
     decay, no_decay = [], []
@@ -173,6 +209,7 @@ def train(
         # steps are not serialised by a host sync every step.
         losses = torch.zeros(train_cfg.steps, device=device)
         tokens_per_step = train_cfg.batch_size * sampler.seq_len
+        tail_avg, avg_from = TailAverage(), average_from(train_cfg)
         t0 = last_t = time.perf_counter()
         last_step = 0
         for step in range(train_cfg.steps):
@@ -191,6 +228,8 @@ def train(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if step >= avg_from:
+                tail_avg.update(model)
             losses[step] = step_loss
             if train_cfg.log_every > 0 and ((step + 1) % train_cfg.log_every == 0 or step + 1 == train_cfg.steps):
                 current = losses[step].item()  # syncs the device, so the timing below is real
@@ -202,6 +241,7 @@ def train(
                 last_t, last_step = now, step + 1
         loss_list = losses.tolist()
         seconds = time.perf_counter() - t0
+        tail_avg.copy_to(model)
 
     tail = max(1, math.ceil(0.1 * train_cfg.steps))
     final_loss = float(sum(loss_list[-tail:]) / tail)

@@ -104,3 +104,34 @@ def test_stacked_errors(store):
         StackedGPT([GPT(GPTConfig(vocab_size=256, seq_len=16, dropout=0.1), seed=0)])
     with pytest.raises(ValueError, match="one seed per sampler"):
         train_stacked(CFG, TrainConfig(steps=1, batch_size=8), _samplers(store, [0, 1]), seeds=[0])
+
+
+def test_tail_average_is_the_mean_of_the_last_weights_and_stacks(store):
+    from proxies.train import TailAverage, average_from
+    m = torch.nn.Linear(2, 1)
+    avg = TailAverage()
+    seen = []
+    for v in (1.0, 2.0, 6.0):
+        with torch.no_grad():
+            m.weight.fill_(v)
+        avg.update(m)
+        seen.append(v)
+    avg.copy_to(m)
+    assert torch.allclose(m.weight, torch.full_like(m.weight, np.mean(seen)))
+    assert average_from(TrainConfig(steps=100, average_last=0.2)) == 80
+    assert average_from(TrainConfig(steps=100)) == 100
+    with pytest.raises(ValueError, match="average_last"):
+        TrainConfig(average_last=1.0)
+    # averaged proxies trained one by one equal averaged proxies trained stacked,
+    # and differ from the last weights
+    tcfg = TrainConfig(steps=20, batch_size=8, lr=1e-2, warmup_steps=2, log_every=0, precision="fp32",
+                       average_last=0.5)
+    seeds = [3, 4, 5]
+    single = [train(CFG, tcfg, s, seed=seed)[0] for s, seed in zip(_samplers(store, seeds), seeds)]
+    stacked = [m for m, _ in train_stacked(CFG, tcfg, _samplers(store, seeds), seeds=seeds)]
+    last = train(CFG, TrainConfig(steps=20, batch_size=8, lr=1e-2, warmup_steps=2, log_every=0, precision="fp32"),
+                 _samplers(store, seeds)[0], seed=3)[0]
+    for a, b in zip(single, stacked):
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            torch.testing.assert_close(pa, pb, rtol=0, atol=2e-3)  # as one-by-one vs stacked above
+    assert not torch.allclose(single[0].wte.weight, last.wte.weight)
