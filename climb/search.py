@@ -12,16 +12,16 @@ exploration. The final mixture is the predicted best (or the mean of the top
 k); it is then compared with the uniform and natural mixtures by training
 fresh proxies with seeds the search never used (`search.eval_seeds` per mixture).
 
-Every proxy result is appended to `search/results.jsonl` as it arrives and
-the plan of each iteration is saved first, so a killed search resumes at proxy
-granularity. The swarm is also written as CSV (`swarm_weights.csv`,
+Every proxy result is appended to `search/results.jsonl` as it arrives (see
+climb/results.py) and the plan of each iteration is saved first, so a killed
+search resumes at proxy granularity; a resumed search trains failed proxies
+again (`search.retry_failed`). The swarm is also written as CSV (`swarm_weights.csv`,
 `swarm_metrics.csv`) for other tools.
 
     climb search --config pipelines/demo.toml --run runs/demo
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from . import results as results_log
 from .cluster import load_assignments
-from .config import RunConfig
+from .config import RunConfig, without
 from .embed import shard_name
 from .executor import make_executor
 from .io import InputError, read_documents, read_json, write_json
@@ -76,7 +77,7 @@ def _tokenizer_texts(cfg: RunConfig, files: list[Path]) -> list[str]:
 
 def prepare(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     from proxies.tokenizer import load_tokenizer, train_bpe
-    from proxies.tokens import TokenStore, merge_token_stores
+    from proxies.tokens import TokenStore, merge_token_stores, store_is_complete
     sdir = paths.stage("search")
     tok_path = sdir / "tokenizer.json"
     if not tok_path.exists():
@@ -85,7 +86,7 @@ def prepare(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         else:
             files = paths.corpus_files(cfg)
             train_bpe(_tokenizer_texts(cfg, files), cfg.proxy.vocab_size, tok_path)
-    if not (sdir / "tokens" / "index.json").exists():
+    if not store_is_complete(sdir / "tokens"):
         names = read_json(paths.manifest("cluster"))["stats"]["shards"]
         files = {shard_name(f): f for f in paths.corpus_files(cfg)}
         n_clusters = read_json(paths.root / "cluster" / "clusters.json")["n_clusters"]
@@ -116,23 +117,12 @@ def _results_path(paths: RunPaths) -> Path:
 
 
 def read_results(paths: RunPaths) -> list[dict]:
-    p = _results_path(paths)
-    if not p.exists():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                log.warning("ignoring a truncated line in %s (the run was killed mid-write)", p)
-    return out
+    """Every complete proxy record, the last one per (mixture id, seed)."""
+    return results_log.load(_results_path(paths))
 
 
 def _append(paths: RunPaths, rec: dict) -> None:
-    with open(_results_path(paths), "a") as fh:
-        fh.write(json.dumps(rec) + "\n")
-        fh.flush()
+    results_log.append(_results_path(paths), rec)
 
 
 def _candidates(cfg: RunConfig, space: dict, n: int, seed: int) -> np.ndarray:
@@ -223,21 +213,24 @@ def final_mixture(cfg: RunConfig, space: dict, results: list[dict]) -> dict:
 
 
 def stage_hash(cfg: RunConfig, paths: RunPaths) -> str:
-    return stage_key(upstream_hash(paths, "cluster"), cfg.proxy, cfg.target, cfg.search,
-                     cfg.export.token_budget)
+    # A time limit or the retry rule changes how proxies run, not what they measure.
+    return stage_key(upstream_hash(paths, "cluster"), without(cfg.proxy, "timeout_s"), cfg.target,
+                     without(cfg.search, "retry_failed"), cfg.export.token_budget)
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
     key = stage_hash(cfg, paths)
-    if is_done(paths, "search", key):
+    # A damaged results file is repaired in place; a damaged tokenizer takes its token store with it.
+    if is_done(paths, "search", key, keep=("results.jsonl",), cascade={"tokenizer.json": "tokens"}):
         return skipped(paths, "search")
     t0 = time.time()
     sdir = begin(paths, "search", key, keep_on_change=True)
     sc = cfg.search
+    results_log.repair(_results_path(paths))
     with make_executor(cfg.executor) as ex:
         space = mixture_space(cfg, prepare(cfg, paths, ex)["tokens"])
         results = read_results(paths)
-        done = {r["mixture_id"] for r in results}
+        done = {r["mixture_id"] for r in results if not results_log.retry(r, sc.retry_failed)}
         for it in range(len(sc.iterations)):
             plan = plan_iteration(cfg, paths, it, space, [r for r in results if r["iteration"] < it])
             todo = [m for m in plan["mixtures"] if m["mixture_id"] not in done]
@@ -245,14 +238,16 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
                 log.info("search iteration %d/%d: %d proxies (%d already done)", it + 1, len(sc.iterations),
                          len(todo), len(plan["mixtures"]) - len(todo))
             tasks = [_task(cfg, paths, m["mixture_id"], it, m["weights"], sc.seed) for m in todo]
-            new = run_proxies(cfg, ex, tasks, f"proxies it{it + 1}", lambda i, rec: _append(paths, rec))
-            results += new
+            run_proxies(cfg, ex, tasks, f"proxies it{it + 1}", lambda i, rec: _append(paths, rec))
+            results = read_results(paths)  # the file is the record: CSVs, manifest and report agree with it
+            results_log.require_successes(results, 1)
             _write_swarm_csv(paths, results)
             ok = [r for r in results if r["status"] == "ok"]
             if ok:
                 best = min(ok, key=lambda r: goal_sign(cfg.target.goal) * r["objective"])
                 log.info("after iteration %d: best %s = %.4f (%s)", it + 1, ",".join(cfg.target.objective),
                          best["objective"], best["mixture_id"])
+        results_log.require_successes(results, 2)
         final = final_mixture(cfg, space, results)
         write_json(sdir / "mixture.json", {**final, "natural": space["natural"].tolist(),
                                            "uniform": space["uniform"].tolist(),
@@ -260,10 +255,13 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
                                            "goal": cfg.target.goal, "objective": list(cfg.target.objective)})
         comparison = compare(cfg, paths, ex, {"climb": final["weights"], "uniform": space["uniform"],
                                               "natural": space["natural"]})
+    if all(v is None for v in comparison.values()):
+        have = read_json(sdir / "comparison.json")
+        results_log.require_successes(list(have.values()), 1, "comparison proxies")
     failed = sum(r["status"] != "ok" for r in results)
     stats = {"proxies": len(results), "failed": failed, "comparison": comparison,
              "clusters": len(space["natural"]), "final_predicted": final["predicted"]}
-    return finish(paths, "search", key, stats, t0)
+    return finish(paths, "search", key, stats, t0, digest_files=("mixture.json",))
 
 
 def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict) -> dict:
@@ -277,7 +275,7 @@ def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict) -> dict:
     have = read_json(out_file) if out_file.exists() else {}
     names = ["climb"] + [b for b in cfg.search.baselines if b in mixtures]
     runs = [(n, cfg.search.eval_seed + s) for n in names for s in range(cfg.search.eval_seeds)]
-    todo = [(n, seed) for n, seed in runs if f"{n}/{seed}" not in have]
+    todo = [(n, seed) for n, seed in runs if results_log.retry(have.get(f"{n}/{seed}"), cfg.search.retry_failed)]
     tasks = [_task(cfg, paths, f"final-{n}-{seed}", -1, mixtures[n], seed) for n, seed in todo]
 
     def keep(i: int, rec: dict) -> None:
