@@ -55,20 +55,27 @@ def _config(args):
 
 
 def _run_stage(args) -> int:
-    from . import pipeline
+    from .runlock import hold
     cfg, run_dir = _config(args)
-    if args.command == "run":
-        pipeline.run_all(cfg, run_dir)
-    elif args.command == "export" and args.weights:
-        import json
-        from . import export
-        from .stage import RunPaths
-        raw = Path(args.weights).read_text() if Path(args.weights).exists() else args.weights
-        w = json.loads(raw)
-        pipeline.run_stage("search", cfg, run_dir)
-        export.run(cfg, RunPaths(run_dir.resolve()), weights=w["weights"] if isinstance(w, dict) else w)
-    else:
-        pipeline.run_stage(args.command, cfg, run_dir)
+    # The lock first: a second process on the folder is refused before the heavy imports.
+    with hold(run_dir):
+        from . import pipeline
+        if args.command == "run":
+            pipeline.run_all(cfg, run_dir)
+        elif args.command == "export" and args.weights:
+            import json
+            from . import export
+            from .io import InputError
+            from .stage import RunPaths
+            raw = Path(args.weights).read_text() if Path(args.weights).exists() else args.weights
+            try:
+                w = json.loads(raw)
+            except ValueError:
+                raise InputError(f"--weights {args.weights!r}: neither a JSON list nor a file holding one") from None
+            pipeline.run_stage("search", cfg, run_dir)
+            export.run(cfg, RunPaths(run_dir.resolve()), weights=w["weights"] if isinstance(w, dict) else w)
+        else:
+            pipeline.run_stage(args.command, cfg, run_dir)
     return 0
 
 
