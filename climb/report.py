@@ -21,7 +21,7 @@ from .config import RunConfig
 from .io import read_json, write_json
 from .predictor import goal_sign
 from .search import read_results
-from .stage import RunPaths, finish, stage_key, upstream_hash
+from .stage import RunPaths, finish, is_done, skipped, stage_key, upstream_hash
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,8 @@ def plot_weights(final: np.ndarray, natural: np.ndarray, clusters: list[dict], o
 
 def summary_table(summary: dict) -> str:
     t, res = summary["target"], summary["results"]
+    if not res:
+        return "(no comparison results: every comparison proxy failed; see search/comparison.json)"
     best = min(res, key=lambda k: goal_sign(t["goal"]) * res[k])
     lines = [f"| mixture | {t['name']} ({t['goal']}) |", "| --- | --- |"]
     lines += [f"| {k}{' (best)' if k == best else ''} | {v:.4f} |" for k, v in res.items()]
@@ -128,7 +130,11 @@ def summary_table(summary: dict) -> str:
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
     t0 = time.time()
-    key = stage_key(upstream_hash(paths, "search"))
+    key = stage_key(upstream_hash(paths, "search"), cfg.name)
+    if is_done(paths, "report", key):
+        out = paths.root / "report"
+        print("\n" + summary_table(read_json(out / "summary.json")) + f"\n\nreport: {out / 'report.md'}\n")
+        return skipped(paths, "report")
     out = paths.stage("report")
     csum = read_json(paths.root / "cluster" / "clusters.json")
     clusters = csum["clusters"]
