@@ -57,6 +57,14 @@ def _who(info: dict | None) -> str:
             f"{info.get('command', '?')})")
 
 
+def _command(limit: int = 100) -> str:
+    """What is running, short enough for a one-line message."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    name = "climb" if argv0.endswith(("climb", "cli.py")) else os.path.basename(argv0) or "python"
+    text = " ".join([name, *sys.argv[1:]])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _acquire(root: Path):
     """The held FileLock, or None for a folder this process cannot write (nothing will be written)."""
     from filelock import FileLock, Timeout
@@ -99,7 +107,7 @@ def hold(root: str | Path):
         try:
             write_json(root / INFO_NAME, {"pid": os.getpid(), "host": socket.gethostname(),
                                           "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                          "command": " ".join(sys.argv)})
+                                          "command": _command()})
         except BaseException:
             lock.release()
             raise

@@ -201,7 +201,8 @@ def test_export_stage_keeps_budget_and_weights_with_a_huge_document(tmp_path, mo
     assert stats["tokens"] <= 3000 and stats["truncated_docs"] >= 1
     assert stats["max_abs_weight_error"] < 0.01 and stats["weights_off"] == {}
     tok = load_tokenizer(paths.root / "search" / "tokenizer.json")
-    rows = [r for f in sorted((paths.root / "export" / "data").rglob("*.parquet")) for r in pq.read_table(f).to_pylist()]
+    files = sorted((paths.root / "export" / "data").rglob("*.parquet"))
+    rows = [r for f in files for r in pq.read_table(f).to_pylist()]
     cut = [r for r in rows if r["id"] == "huge"]
     assert len(cut) == 1 and len(cut[0]["text"]) < len(huge["text"]) // 50
     true_tokens = sum(len(tok.encode(r["text"])) + 1 for r in rows)  # what a trainer will read, EOS included
