@@ -76,7 +76,10 @@ def _run_stage(args) -> int:
             from . import export
             from .io import InputError
             from .stage import RunPaths
-            raw = Path(args.weights).read_text() if Path(args.weights).exists() else args.weights
+            try:  # a file holding the weights, or the weights themselves (too long for a file name)
+                raw = Path(args.weights).read_text() if Path(args.weights).is_file() else args.weights
+            except OSError:
+                raw = args.weights
             try:
                 w = json.loads(raw)
             except ValueError:

@@ -118,6 +118,10 @@ def test_read_only_finished_run(tmp_path, monkeypatch, capsys):
     cfg, paths, config_file, control = prepare(tmp_path, monkeypatch)
     pipeline.run_all(cfg, paths.root)
     args = ["run", "--config", str(config_file), "--run", str(paths.root)]
+    k = json.loads((paths.root / "cluster" / "clusters.json").read_text())["n_clusters"]
+    weights = json.dumps([1 / k] * k, indent=80)  # longer than a file name may be
+    assert main(["export", "--config", str(config_file), "--run", str(paths.root), "--weights", weights]) == 0
+    pipeline.run_all(cfg, paths.root)  # back to the search's weights
     _read_only(paths.root)
     try:
         capsys.readouterr()
