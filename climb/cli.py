@@ -4,12 +4,21 @@
     climb embed | cluster | search | export | report  (same options; earlier stages run first)
     climb predictor evaluate | propose ...             (swarm CSVs in, metrics or mixtures out)
     climb run --config pipelines/demo.toml --executor dask --dask-workers 2
+
+Errors a user can cause (a bad config or --set, an unreadable or empty file, a
+run folder in use, a read-only folder, a full disk, a trainer that always
+fails) end with one line on stderr and exit code 2; `-v` adds the traceback.
+Ctrl-C and SIGTERM stop the run and its children, leave the run folder
+resumable and say how to resume (exit 130 / 143).
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
+import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -55,20 +64,30 @@ def _config(args):
 
 
 def _run_stage(args) -> int:
-    from . import pipeline
+    from .runlock import hold
     cfg, run_dir = _config(args)
-    if args.command == "run":
-        pipeline.run_all(cfg, run_dir)
-    elif args.command == "export" and args.weights:
-        import json
-        from . import export
-        from .stage import RunPaths
-        raw = Path(args.weights).read_text() if Path(args.weights).exists() else args.weights
-        w = json.loads(raw)
-        pipeline.run_stage("search", cfg, run_dir)
-        export.run(cfg, RunPaths(run_dir.resolve()), weights=w["weights"] if isinstance(w, dict) else w)
-    else:
-        pipeline.run_stage(args.command, cfg, run_dir)
+    # The lock first: a second process on the folder is refused before the heavy imports.
+    with hold(run_dir):
+        from . import pipeline
+        if args.command == "run":
+            pipeline.run_all(cfg, run_dir)
+        elif args.command == "export" and args.weights:
+            import json
+            from . import export
+            from .io import InputError
+            from .stage import RunPaths
+            try:  # a file holding the weights, or the weights themselves (too long for a file name)
+                raw = Path(args.weights).read_text() if Path(args.weights).is_file() else args.weights
+            except OSError:
+                raw = args.weights
+            try:
+                w = json.loads(raw)
+            except ValueError:
+                raise InputError(f"--weights {args.weights!r}: neither a JSON list nor a file holding one") from None
+            pipeline.run_stage("search", cfg, run_dir)
+            export.run(cfg, RunPaths(run_dir.resolve()), weights=w["weights"] if isinstance(w, dict) else w)
+        else:
+            pipeline.run_stage(args.command, cfg, run_dir)
     return 0
 
 
@@ -86,16 +105,62 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, turned into an exception so that cleanup (children, temporary files, the lock) runs."""
+
+    signum = signal.SIGTERM
+
+
+def _on_sigterm(signum, frame):
+    raise Interrupted()
+
+
+def _os_error(e: OSError) -> str:
+    where = f" ({e.filename})" if e.filename else ""
+    if e.errno == errno.ENOSPC:
+        return f"no space left on the device{where}; free some and run the same command again (it resumes)"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (f"cannot write{where}: {e.strerror}; run where you may write, or point --run at a folder "
+                "of your own")
+    return f"{e.strerror or e}{where}"
+
+
+def _shown(e: BaseException, msg: str, verbose: int) -> str:
+    if verbose > 1:
+        import traceback
+        traceback.print_exception(e)
+    return msg
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    _setup_logging(getattr(args, "verbose", 1))
+    verbose = getattr(args, "verbose", 1)
+    _setup_logging(verbose)
     from .config import ConfigError
     from .io import InputError
+    import threading
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
         return args.func(args)
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        run = getattr(args, "run", None) or "the run folder"
+        print(f"climb: stopped by {signal.Signals(signum).name}; what was done is kept in {run}: run "
+              f"`{shlex.join(['climb'] + argv)}` again to resume", file=sys.stderr)
+        if verbose > 1:
+            raise
+        return 128 + int(signum)
     except (ConfigError, InputError, FileNotFoundError) as e:
-        print(f"climb: error: {e}", file=sys.stderr)
-        return 2
+        msg = _shown(e, str(e), verbose)
+    except OSError as e:
+        msg = _shown(e, _os_error(e), verbose)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+    print(f"climb: error: {' '.join(msg.split())}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

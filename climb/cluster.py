@@ -82,7 +82,7 @@ def assign_shard(task: dict) -> dict:
     if out.exists():
         t = pq.read_table(out, columns=["fine"])
         return {"shard": task["shard"], "counts": np.bincount(t["fine"].to_numpy(), minlength=task["k"]).tolist()}
-    emb = np.load(task["emb"], mmap_mode="r")
+    emb = load_embeddings(Path(task["emb_dir"]), [task["shard"]])[0]
     ids = load_ids(Path(task["emb_dir"]), task["shard"])["id"].to_pylist()
     cents = np.load(task["centroids"])
     fine, dist = assign(np.asarray(emb, dtype=np.float32), cents)
@@ -249,11 +249,16 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
              "shards": names}
     log.info("cluster: %d docs -> %d fine -> %d clusters (%d pruned); k-means %.1fs on %s",
              n, kc.k, c, pruned, kstats["seconds"], kstats["backend"])
-    return finish(paths, "cluster", key, stats, t0)
+    return finish(paths, "cluster", key, stats, t0, digest_files=("clusters.json",))
 
 
 def load_assignments(paths: RunPaths, shard: str) -> pa.Table:
-    return pq.read_table(paths.root / "cluster" / "assign" / f"{shard}.parquet")
+    path = paths.root / "cluster" / "assign" / f"{shard}.parquet"
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as e:
+        raise InputError(f"{path}: cannot read the cluster assignments ({e}); run `climb cluster` "
+                         "(same --config and --run) to re-create them") from None
 
 
 def cluster_summary(paths: RunPaths) -> dict:

@@ -108,8 +108,13 @@ class ProxyConfig:
     swarm_size: int = 0
     # An external trainer instead of the built-in one: a shell command with
     # `{weights}` (a JSON file of the mixture) and `{out}` (where it writes the
-    # metrics record as JSON) substituted.
+    # metrics record as JSON) substituted; write a literal brace as `{{` or `}}`.
     command: str = ""
+    # Wall-clock limit of one proxy in seconds (0: none). An external command is
+    # killed with its process group; the built-in trainer stops at its next step
+    # (a stacked model of n proxies gets n times the limit). Either way the proxy
+    # is recorded as failed.
+    timeout_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,9 @@ class SearchConfig:
     # iteration 1 are trained again with `replicate_seeds` more seeds.
     replicates: int = 2
     replicate_seeds: int = 2
+    # A resumed search trains its failed proxies again (a fixed trainer, a freed
+    # GPU); false keeps their failure records.
+    retry_failed: bool = True
 
 
 @dataclass(frozen=True)
@@ -170,6 +178,12 @@ class ExportConfig:
     token_budget: int = 0
     rows_per_shard: int = 50_000
     seed: int = 0
+    # A document longer than what its cluster still needs: "truncate" cuts it to
+    # fit (no cluster exceeds its share); "skip" passes it over for shorter ones
+    # and reports any shortfall.
+    long_docs: str = "truncate"
+    # Warn when a cluster's realised weight differs from the weight asked for by more than this.
+    weight_tolerance: float = 0.01
 
 
 @dataclass(frozen=True)
@@ -252,9 +266,14 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
 def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     for text in overrides or ():
         keys, value = _parse_override(text)
+        if not all(keys):
+            raise ConfigError(f"override {text!r}: empty key; use section.field=value")
         node = data
-        for k in keys[:-1]:
+        for i, k in enumerate(keys[:-1]):
             node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {text!r}: {'.'.join(keys[:i + 1])} is a value, not a section; "
+                                  "use section.field=value (e.g. --set cluster.k=32)")
         node[keys[-1]] = value
     return data
 
@@ -302,6 +321,50 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"executor.processes must be >= 0 (0: one per core on a CPU), got {cfg.executor.processes}")
     if cfg.proxy.swarm_size < 0:
         raise ConfigError(f"proxy.swarm_size must be >= 0 (0: automatic), got {cfg.proxy.swarm_size}")
+    _at_least(cfg, 1, "proxy.steps", "proxy.batch_size", "proxy.seq_len", "proxy.n_layer", "proxy.n_head",
+              "proxy.n_embd", "proxy.vocab_size", "proxy.tokenizer_docs", "search.eval_seeds", "search.pool_size",
+              "cluster.niter", "cluster.sample_size", "corpus.batch_rows", "embed.batch_size",
+              "embed.max_seq_length", "export.rows_per_shard", "executor.dask_workers",
+              "executor.dask_threads_per_worker")
+    _at_least(cfg, 0, "proxy.warmup_steps", "proxy.timeout_s", "export.token_budget", "corpus.max_shards",
+              "search.final_top_k", "export.weight_tolerance")
+    if cfg.proxy.n_embd % cfg.proxy.n_head:
+        raise ConfigError(f"proxy.n_embd={cfg.proxy.n_embd} must be a multiple of proxy.n_head={cfg.proxy.n_head}")
+    if not cfg.proxy.lr > 0:
+        raise ConfigError(f"proxy.lr must be positive, got {cfg.proxy.lr}")
+    if not 0 < cfg.search.epoch_cap:
+        raise ConfigError(f"search.epoch_cap must be positive, got {cfg.search.epoch_cap}")
+    if cfg.export.long_docs not in ("truncate", "skip"):
+        raise ConfigError(f"export.long_docs must be 'truncate' or 'skip', got {cfg.export.long_docs!r}")
+    if cfg.proxy.command:
+        check_command(cfg.proxy.command)
+
+
+def _at_least(cfg: RunConfig, low: float, *names: str) -> None:
+    for name in names:
+        section, key = name.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if value < low:
+            raise ConfigError(f"{name} must be at least {low}, got {value}")
+
+
+COMMAND_FIELDS = ("weights", "out")
+
+
+def check_command(command: str) -> None:
+    """A proxy.command template must name {out} and no placeholder but {weights} and {out}."""
+    import string
+    try:
+        fields_ = [f for _, f, _, _ in string.Formatter().parse(command) if f is not None]
+    except ValueError as e:
+        raise ConfigError(f"proxy.command {command!r}: {e}; write a literal brace as {{{{ or }}}}") from None
+    bad = [f for f in fields_ if f not in COMMAND_FIELDS]
+    if bad:
+        raise ConfigError(f"proxy.command {command!r}: {{{bad[0]}}} is not a placeholder (only {{weights}} and "
+                          "{out} are substituted); write a literal brace as {{ or }}")
+    if "out" not in fields_:
+        raise ConfigError(f"proxy.command {command!r} has no {{out}}: the command must write its metrics "
+                          "record (JSON) to the path substituted for {out}")
 
 
 def to_dict(cfg: Any) -> dict:
@@ -330,6 +393,12 @@ def to_toml(cfg: RunConfig) -> str:
         lines += [f"{k} = {val(v)}" for k, v in table.items()]
         lines.append("")
     return "\n".join(lines)
+
+
+def without(section: Any, *names: str) -> dict:
+    """A config section as plain data without the named fields: for keys that settings
+    which change how a stage runs, not what it produces, must leave alone."""
+    return {k: v for k, v in to_dict(section).items() if k not in names}
 
 
 def section_hash(*parts: Any) -> str:

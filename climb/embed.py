@@ -75,9 +75,13 @@ def encode(model, texts: list[str], cfg: EmbedConfig) -> np.ndarray:
 
 
 def _rows(path: Path) -> int | None:
+    """Rows of a Parquet file for the progress bar; None where unknown (read_documents names a bad file)."""
     if path.suffix in (".parquet", ".pq"):
         import pyarrow.parquet as pq
-        return pq.read_metadata(path).num_rows
+        try:
+            return pq.read_metadata(path).num_rows
+        except (OSError, pa.ArrowInvalid):
+            return None
     return None
 
 
@@ -126,13 +130,29 @@ def embed_shard(task: dict) -> dict:
     return {"shard": name, "docs": len(ids), "seconds": secs, "skipped": dict(skip), "resumed": False}
 
 
+def _damaged(path: Path, e: Exception) -> InputError:
+    return InputError(f"{path}: cannot read this embedding shard ({e}); run `climb embed` (same --config and "
+                      "--run) to re-create it")
+
+
 def load_embeddings(out_dir: Path, names: list[str], mmap: bool = True) -> list[np.ndarray]:
-    return [np.load(shard_files(out_dir, n)[0], mmap_mode="r" if mmap else None) for n in names]
+    out = []
+    for n in names:
+        path = shard_files(out_dir, n)[0]
+        try:
+            out.append(np.load(path, mmap_mode="r" if mmap else None))
+        except (OSError, ValueError, EOFError) as e:
+            raise _damaged(path, e) from None
+    return out
 
 
 def load_ids(out_dir: Path, name: str) -> pa.Table:
     import pyarrow.parquet as pq
-    return pq.read_table(shard_files(out_dir, name)[1])
+    path = shard_files(out_dir, name)[1]
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as e:
+        raise _damaged(path, e) from None
 
 
 def stage_hash(cfg: RunConfig, files: list[Path]) -> str:

@@ -1,12 +1,17 @@
 """Stage 4, export: the optimised dataset as Parquet shards plus blend files.
 
 Documents are chosen per cluster in proportion to the final weights up to a
-token budget (proxy-tokenizer tokens, EOS included): each cluster's documents
-are taken in a seeded random order without replacement until the cluster runs
-dry, then again in the same order (epoch 2, 3, ...) up to `search.epoch_cap`
-epochs. A cluster whose share would need more is capped, and the shortfall is
-reported. With `export.token_budget = 0` the budget is the largest one at which
-no cluster exceeds its cap.
+token budget (proxy-tokenizer tokens, EOS included: every document counts its
+true length): each cluster's documents are taken in a seeded random order
+without replacement until the cluster runs dry, then again in the same order
+(epoch 2, 3, ...) up to `search.epoch_cap` epochs. No cluster exceeds its
+share, however long its documents: the document that would cross it is cut to
+fit (`export.long_docs = "truncate"`), or passed over for shorter ones
+("skip"). A cluster whose share would need more than its cap, or that runs
+short of documents that fit, falls short, and that is reported; the weights
+reached are compared with those asked for, with a warning beyond
+`export.weight_tolerance`. With `export.token_budget = 0` the budget is the
+largest one at which no cluster exceeds its cap.
 
 Output, under `<run>/export/`:
 - `data/cluster_XXXXX/part-<shard>.parquet`: id, text, cluster, epoch
@@ -53,40 +58,78 @@ def budget_for(weights: np.ndarray, cluster_tokens: np.ndarray, cap: float, budg
     return int(np.floor(np.min(cap * cluster_tokens[pos] / weights[pos])))
 
 
+def _fill(order: np.ndarray, tokens: np.ndarray, want: int, long_docs: str) -> tuple[np.ndarray, int, int]:
+    """One partial pass over a cluster's documents (in `order`) toward `want` tokens.
+
+    Returns the documents taken whole, the document cut to fit (-1: none) and the
+    tokens it keeps. "truncate" takes documents in order and cuts the one that
+    would cross `want`; "skip" passes over documents that do not fit in what is
+    left and takes later, shorter ones; neither ever exceeds `want`.
+    """
+    cum = np.cumsum(tokens[order])
+    n = int(np.searchsorted(cum, want, side="right"))  # the longest prefix that fits whole
+    got = int(cum[n - 1]) if n else 0
+    if n == len(order) or got == want:
+        return order[:n], -1, 0
+    left = want - got
+    if long_docs == "truncate":
+        # A cut document keeps at least one token of text besides its EOS.
+        return (order[:n], int(order[n]), left) if left >= 2 else (order[:n], -1, 0)
+    rest = order[n:]
+    fits = tokens[rest] <= left
+    take = list(order[:n])
+    if fits.any():
+        # Greedy over the rest, in order: documents that fit in what is still wanted.
+        suffix_min = np.minimum.accumulate(tokens[rest][::-1])[::-1]
+        for j in np.flatnonzero(fits):
+            if suffix_min[j] > left:
+                break
+            t = int(tokens[rest[j]])
+            if t <= left:
+                take.append(rest[j])
+                left -= t
+    return np.asarray(take, dtype=order.dtype), -1, 0
+
+
 def select(doc_cluster: np.ndarray, doc_tokens: np.ndarray, weights: np.ndarray, budget: int,
-           cap: float, seed: int) -> tuple[np.ndarray, dict]:
+           cap: float, seed: int, long_docs: str = "truncate") -> tuple[np.ndarray, dict]:
     """How many times each document is exported (0, 1, 2, ...) and per-cluster stats.
 
     Within a cluster documents are visited in one seeded order; pass e takes them
     again in that order, so repeats are even: no document is taken k+1 times
-    while another of its cluster is taken fewer than k times.
+    while another of its cluster is taken fewer than k times. The last, partial
+    pass stops at the cluster's share of the budget whatever the document lengths
+    (see `_fill`); `info["cut"]` maps a document cut to fit to the tokens (EOS
+    included) its last copy keeps.
     """
     rng = np.random.default_rng(seed)
     copies = np.zeros(len(doc_cluster), dtype=np.int64)
+    cut: dict[int, int] = {}
     per = []
     for c, w in enumerate(weights):
         members = np.flatnonzero(doc_cluster == c)
         have = int(doc_tokens[members].sum())
         want = w * budget
         limit = cap * have
-        goal = min(want, limit)
+        goal = int(round(min(want, limit)))
         taken = 0
         if goal > 0 and len(members):
             order = members[rng.permutation(len(members))]
-            cum = np.cumsum(doc_tokens[order])
             full, rest = divmod(goal, have)
-            full = int(full)
             copies[order] += full
             taken = full * have
-            # Part of a pass: documents until the cluster's share is reached.
-            n_more = int(np.searchsorted(cum, rest, side="left")) + (1 if rest > 0 else 0)
-            n_more = min(n_more, len(order))
-            copies[order[:n_more]] += 1
-            taken += int(cum[n_more - 1]) if n_more else 0
+            if rest > 0:
+                whole, part, keep = _fill(order, doc_tokens, rest, long_docs)
+                copies[whole] += 1
+                taken += int(doc_tokens[whole].sum())
+                if part >= 0:
+                    copies[part] += 1
+                    cut[part] = keep
+                    taken += keep
         per.append({"cluster": c, "weight": float(w), "tokens_wanted": int(round(want)),
                     "tokens": taken, "tokens_available": have, "capped": bool(want > limit + 0.5),
-                    "epochs": round(taken / have, 4) if have else 0.0})
-    return copies, {"clusters": per}
+                    "shortfall": max(0, goal - taken), "epochs": round(taken / have, 4) if have else 0.0})
+    return copies, {"clusters": per, "cut": cut}
 
 
 def _shard_docs(paths: RunPaths, shard: str) -> tuple[np.ndarray, np.ndarray]:
@@ -94,7 +137,12 @@ def _shard_docs(paths: RunPaths, shard: str) -> tuple[np.ndarray, np.ndarray]:
     clusters = load_assignments(paths, shard)["cluster"].to_numpy()
     kept = clusters >= 0
     tokens = np.zeros(len(clusters), dtype=np.int64)
-    tokens[kept] = np.load(paths.root / "search" / "tokens" / "parts" / shard / "doc_tokens.npy")
+    path = paths.root / "search" / "tokens" / "parts" / shard / "doc_tokens.npy"
+    try:
+        tokens[kept] = np.load(path)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: cannot read the document token counts ({e}); run `climb search` (same "
+                         "--config and --run) to re-create them") from None
     return clusters, tokens
 
 
@@ -102,6 +150,8 @@ def write_shard(task: dict) -> dict:
     """Write the chosen documents of one corpus shard, grouped by cluster."""
     copies = np.load(task["copies"])
     clusters = np.load(task["clusters"])
+    cut = np.load(task["cut"])
+    tok = None
     cc = task["corpus"]
     rows: dict[int, dict[str, list]] = {}
     row = 0
@@ -110,7 +160,13 @@ def write_shard(task: dict) -> dict:
             for e in range(int(copies[row])):
                 r = rows.setdefault(int(clusters[row]), {"id": [], "text": [], "epoch": []})
                 r["id"].append(doc_id)
-                r["text"].append(text)
+                if cut[row] and e == copies[row] - 1:
+                    if tok is None:
+                        from proxies.tokenizer import load_tokenizer
+                        tok = load_tokenizer(task["tokenizer"])
+                    r["text"].append(truncate(text, int(cut[row]), tok))
+                else:
+                    r["text"].append(text)
                 r["epoch"].append(e)
             row += 1
     files = {}
@@ -128,6 +184,18 @@ def write_shard(task: dict) -> dict:
             write_parquet(out, table)
             files.setdefault(c, []).append(str(out.relative_to(task["export_dir"])))
     return {"shard": task["shard"], "files": files, "rows": int(copies.sum())}
+
+
+def truncate(text: str, keep: int, tok) -> str:
+    """The start of `text` that is `keep` tokens long with its EOS (as the export counts them)."""
+    n = keep - 1
+    chars = max(64, 8 * n)
+    while True:
+        ids = tok.encode(text[:chars])
+        # More than n tokens: the n kept end before the last one, which the cut may have changed.
+        if len(ids) > n or chars >= len(text):
+            return tok.decode(ids[:n])
+        chars *= 2
 
 
 def stage_hash(cfg: RunConfig, paths: RunPaths) -> str:
@@ -151,7 +219,11 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
     cluster_tokens = np.bincount(doc_cluster[doc_cluster >= 0], weights=doc_tokens[doc_cluster >= 0],
                                  minlength=n_clusters)
     budget = budget_for(w, cluster_tokens, cfg.search.epoch_cap, cfg.export.token_budget)
-    copies, sel = select(doc_cluster, doc_tokens, w, budget, cfg.search.epoch_cap, cfg.export.seed)
+    copies, sel = select(doc_cluster, doc_tokens, w, budget, cfg.search.epoch_cap, cfg.export.seed,
+                         cfg.export.long_docs)
+    cut = np.zeros(len(copies), dtype=np.int64)
+    for d, keep in sel.pop("cut").items():
+        cut[d] = keep
     files = {shard_name(f): f for f in paths.corpus_files(cfg)}
     tasks, start = [], 0
     for i, (s, (cl, _)) in enumerate(zip(names, per_shard)):
@@ -159,8 +231,10 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
         cfile.parent.mkdir(parents=True, exist_ok=True)
         np.save(cfile, copies[start:start + len(cl)])
         np.save(edir / "plan" / f"{s}.clusters.npy", cl)
+        np.save(edir / "plan" / f"{s}.cut.npy", cut[start:start + len(cl)])
         tasks.append({"shard": s, "path": str(files[s]), "copies": str(cfile),
-                      "clusters": str(edir / "plan" / f"{s}.clusters.npy"),
+                      "clusters": str(edir / "plan" / f"{s}.clusters.npy"), "cut": str(edir / "plan" / f"{s}.cut.npy"),
+                      "tokenizer": str(paths.root / "search" / "tokenizer.json"),
                       "corpus": cfg.corpus, "out_dir": str(edir / "data"), "export_dir": str(edir),
                       "rows_per_shard": cfg.export.rows_per_shard, "seed": cfg.export.seed + i})
         start += len(cl)
@@ -186,12 +260,23 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
         "usage": "datasets.interleave_datasets([load_dataset('parquet', data_files=f, split='train') "
                  "for f in data_files], probabilities=probabilities, seed=0)"})
     capped = [c["cluster"] for c in sel["clusters"] if c["capped"]]
+    short = {c["cluster"]: c["shortfall"] for c in sel["clusters"] if c["shortfall"]}
+    off = {c: [round(float(w[c]), 4), round(float(real_w[c]), 4)] for c in range(n_clusters)
+           if abs(real_w[c] - w[c]) > cfg.export.weight_tolerance}
     stats = {"docs": int((copies > 0).sum()), "rows": int(copies.sum()), "tokens": int(total), "budget": budget,
              "capped_clusters": capped, "max_abs_weight_error": float(np.abs(real_w - w).max()),
+             "weights_off": off, "truncated_docs": int((cut > 0).sum()), "shortfall": short,
              "files": sum(len(v) for v in by_cluster.values())}
     if capped:
         log.warning("export: clusters %s hit the epoch cap (%.1f); their realised weight is below the target",
                     capped, cfg.search.epoch_cap)
+    if short:
+        log.warning("export: clusters %s fell short of their share by %s tokens (export.long_docs=%r: no "
+                    "document left fits)", sorted(short), [short[c] for c in sorted(short)], cfg.export.long_docs)
+    if off:
+        log.warning("export: realised weights differ from those asked for by more than export.weight_tolerance"
+                    "=%g: %s", cfg.export.weight_tolerance,
+                    ", ".join(f"cluster {c} {a:.3f} asked, {r:.3f} reached" for c, (a, r) in off.items()))
     log.info("export: %d rows (%d distinct docs), %d tokens, %d files", stats["rows"], stats["docs"], total,
              stats["files"])
     return finish(paths, "export", key, stats, t0)

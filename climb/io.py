@@ -16,6 +16,7 @@ import glob
 import gzip
 import io
 import json
+import math
 import os
 import tempfile
 from collections import Counter
@@ -108,7 +109,7 @@ def _open_text(path: Path):
 
 
 def _iter_jsonl(path: Path, columns: list[str], batch_rows: int,
-                skipped: Counter) -> Iterator[dict[str, list]]:
+                skipped: Counter, present: set) -> Iterator[dict[str, list]]:
     buf: dict[str, list] = {c: [] for c in columns}
     with _open_text(path) as fh:
         for lineno, raw in enumerate(fh, 1):
@@ -129,6 +130,7 @@ def _iter_jsonl(path: Path, columns: list[str], batch_rows: int,
                                  "each line must be one JSON object")
             for c in columns:
                 buf[c].append(rec.get(c))
+            present.update(c for c in columns if c in rec)
             if len(buf[columns[0]]) >= batch_rows:
                 yield buf
                 buf = {c: [] for c in columns}
@@ -168,16 +170,17 @@ def read_documents(path: Path, text_column: str = "text", id_column: str = "id",
     skipped: Counter = Counter()
     if not path.exists():
         raise InputError(f"{path}: file not found; check corpus.paths")
+    if kind in ("parquet", "arrow") and path.is_file() and path.stat().st_size == 0:
+        raise InputError(f"{path}: empty file (0 bytes), not a {kind} file; remove it or re-create it")
+    present: set = set()  # JSON Lines fields seen in at least one record
     try:
-        source = (_iter_jsonl(path, columns, batch_rows, skipped) if kind == "jsonl"
+        source = (_iter_jsonl(path, columns, batch_rows, skipped, present) if kind == "jsonl"
                   else _arrow_batches(path, kind, columns, batch_rows))
         row = 0
-        seen_text_col = kind != "jsonl"
         for cols in source:
             out = DocBatch([], [], {c: [] for c in extra_columns}, Counter(skipped))
             skipped.clear()
             texts = cols[text_column]
-            seen_text_col = seen_text_col or any(t is not None for t in texts)
             for i, text in enumerate(texts):
                 r = row + i
                 if not isinstance(text, str) or not text.strip():
@@ -190,7 +193,7 @@ def read_documents(path: Path, text_column: str = "text", id_column: str = "id",
                     out.extra[c].append(cols[c][i])
             row += len(texts)
             yield out
-        if not seen_text_col:
+        if kind == "jsonl" and row and text_column not in present:
             raise InputError(f"{path}: no record has a {text_column!r} field; "
                              f"set corpus.text_column to the field holding the text")
         if skipped:
@@ -219,7 +222,10 @@ def atomic_path(path: str | Path):
     """Yield a temporary path next to `path`; rename it into place on success."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:  # name the file meant, not the temporary one
+        raise type(e)(e.errno, e.strerror, str(path)) from None
     os.close(fd)
     try:
         yield Path(tmp)
@@ -232,7 +238,26 @@ def atomic_path(path: str | Path):
 
 def write_json(path: str | Path, obj) -> None:
     with atomic_path(path) as tmp:
-        Path(tmp).write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+        Path(tmp).write_text(strict_json(obj, indent=2) + "\n")
+
+
+def strict_json(obj, **kwargs) -> str:
+    """JSON that strict readers accept: NaN and infinities become null."""
+    return json.dumps(finite(obj), allow_nan=False, default=_json_default, **kwargs)
+
+
+def finite(obj):
+    """`obj` with every non-finite float (Python or numpy) replaced by None."""
+    import numpy as np
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return finite(obj.tolist())
+    return obj
 
 
 def _json_default(o):

@@ -4,6 +4,9 @@
     cfg = pipeline.load("pipelines/demo.toml", ["search.iterations=[8,4]"])
     pipeline.run_all(cfg, "runs/demo")          # embed -> cluster -> search -> export -> report
     pipeline.run_stage("cluster", cfg, "runs/demo")
+
+Both hold the run folder's lock (climb.runlock) while they run: a second
+process on the same folder is refused with a message naming the first.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from pathlib import Path
 
 from . import cluster, embed, export, report, search
 from .config import RunConfig, load_config
+from .runlock import hold
 from .stage import STAGES, RunPaths
 
 log = logging.getLogger(__name__)
@@ -28,22 +32,24 @@ def run_stage(stage: str, cfg: RunConfig, run_dir: str | Path, with_deps: bool =
     if stage not in _RUN:
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
     paths = RunPaths(Path(run_dir).resolve())
-    paths.save_config(cfg)
     order = STAGES[: STAGES.index(stage) + 1] if with_deps else (stage,)
     # export is not a dependency of report; it runs when asked or with `run`.
     order = tuple(s for s in order if s != "export" or stage == "export")
     stats = {}
-    for s in order:
-        log.info("== %s ==", s)
-        stats[s] = _RUN[s](cfg, paths)
+    with hold(paths.root):
+        paths.save_config(cfg)
+        for s in order:
+            log.info("== %s ==", s)
+            stats[s] = _RUN[s](cfg, paths)
     return stats[stage]
 
 
 def run_all(cfg: RunConfig, run_dir: str | Path) -> dict:
     paths = RunPaths(Path(run_dir).resolve())
-    paths.save_config(cfg)
     out = {}
-    for s in STAGES:
-        log.info("== %s ==", s)
-        out[s] = _RUN[s](cfg, paths)
+    with hold(paths.root):
+        paths.save_config(cfg)
+        for s in STAGES:
+            log.info("== %s ==", s)
+            out[s] = _RUN[s](cfg, paths)
     return out

@@ -8,7 +8,17 @@ on task files. `objective` is the mean of the metrics named in
 
 A user with their own trainer sets `proxy.command`; climb writes the mixture to
 `{weights}` (JSON: {"weights": [...], "clusters": [...], "seed": n}) and reads the
-metrics record the command writes to `{out}` (JSON: {"metrics": {...}}).
+metrics record the command writes to `{out}` (JSON: {"metrics": {...}}). The
+command runs in its own process group, which is killed when it passes
+`proxy.timeout_s` and when climb itself is interrupted (Ctrl-C, SIGTERM).
+
+The built-in trainer runs in this process and checks `proxy.timeout_s` at every
+training step instead: a child process per proxy would pay a fresh torch import
+(seconds on a CPU) and a fresh CUDA context each time, and could not stack
+proxies into one model; our own loop cannot block outside a step, where an
+external trainer can. A failed proxy (an error, a timeout, a NaN or null
+metric) becomes a failure record with one log line; a resumed search trains it
+again (`search.retry_failed`).
 
 Task arguments are paths and small configs, so the same function runs
 in-process or on a Dask worker.
@@ -17,7 +27,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import shlex
+import signal
 import subprocess
 import tempfile
 import time
@@ -94,13 +107,21 @@ def _resources(search_dir: Path):
     return _CACHE[key]
 
 
+def _deadline(pc: ProxyConfig, n: int = 1) -> float | None:
+    return time.monotonic() + n * pc.timeout_s if pc.timeout_s > 0 else None
+
+
 def train_and_score(task: dict) -> dict:
     """Run one proxy. task: weights, seed, mixture_id, iteration, search_dir, run_dir, proxy, target."""
     t0 = time.time()
     pc: ProxyConfig = task["proxy"]
-    rec = _record(task, lambda: _external(task) if pc.command else _builtin(task))
+    rec = _record(task, lambda: _external(task) if pc.command else _builtin(task, _deadline(pc)))
     rec["seconds"] = round(time.time() - t0, 3)
     return rec
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _record(task: dict, run) -> dict:
@@ -108,17 +129,23 @@ def _record(task: dict, run) -> dict:
     recorded, not fatal (the search goes on without it); bad input still raises."""
     rec = {"mixture_id": task["mixture_id"], "iteration": task["iteration"], "seed": task["seed"],
            "weights": [float(w) for w in task["weights"]]}
+    metrics: dict = {}
     try:
         metrics, tokens = run()
+        bad = sorted(k for k, v in metrics.items() if not _finite(v))
+        if bad:
+            raise ValueError(f"metric(s) {bad} are NaN, infinite or null (training diverged?)")
         rec.update(metrics=metrics, objective=objective(metrics, task["target"]), tokens=tokens, status="ok")
         if not np.isfinite(rec["objective"]):
-            rec["status"] = "failed"
-            rec["error"] = "non-finite objective (training diverged?)"
+            raise ValueError("non-finite objective (training diverged?)")
     except InputError:
         raise
     except Exception as e:
-        log.exception("proxy %s failed", task["mixture_id"])
-        rec.update(metrics={}, objective=None, tokens=0, status="failed", error=f"{type(e).__name__}: {e}")
+        from .results import one_line
+        log.warning("proxy %s failed: %s: %s", task["mixture_id"], type(e).__name__, one_line(e))
+        log.debug("proxy %s failed", task["mixture_id"], exc_info=True)
+        # What metrics there were are kept (non-finite ones are written as null).
+        rec.update(metrics=metrics, objective=None, tokens=0, status="failed", error=f"{type(e).__name__}: {e}")
     return rec
 
 
@@ -148,6 +175,9 @@ def train_and_score_group(tasks: list[dict]) -> list[dict]:
     except InputError:
         raise
     except Exception as e:
+        from proxies.train import TrainingTimeout
+        if isinstance(e, TrainingTimeout):  # one by one would only time out again, n times over
+            return [_record(t, _raiser(e)) for t in tasks]
         log.warning("training %d proxies as one stacked model failed (%s: %s); training them one by one",
                     len(tasks), type(e).__name__, e)
         return [train_and_score(t) for t in tasks]
@@ -160,6 +190,12 @@ def train_and_score_group(tasks: list[dict]) -> list[dict]:
         rec["stacked"] = len(tasks)
         out.append(rec)
     return out
+
+
+def _raiser(e: Exception):
+    def run():
+        raise e
+    return run
 
 
 def _configs(pc: ProxyConfig, tok):
@@ -193,7 +229,9 @@ def _builtin_stacked(tasks: list[dict]) -> list:
         w = np.asarray(t["weights"], dtype=np.float64)
         samplers.append(_sampler(store, w, pc, t["seed"], device))
     mcfg, tcfg = _configs(pc, tok)
-    trained = train_stacked(mcfg, tcfg, samplers, seeds=[t["seed"] for t in tasks], device=device)
+    # A stacked model of n proxies may take as long as n proxies one after another.
+    trained = train_stacked(mcfg, tcfg, samplers, seeds=[t["seed"] for t in tasks], device=device,
+                            deadline=_deadline(pc, len(tasks)))
     log.info("%d proxies trained as one stacked model: %.0f tok/s in all", len(tasks),
              len(tasks) * trained[0][1]["tokens_per_s"])
 
@@ -206,7 +244,7 @@ def _builtin_stacked(tasks: list[dict]) -> list:
     return [thunk(t, m, st) for t, (m, st) in zip(tasks, trained)]
 
 
-def _builtin(task: dict) -> tuple[dict, int]:
+def _builtin(task: dict, deadline: float | None = None) -> tuple[dict, int]:
     import torch
     from proxies.train import train
     pc: ProxyConfig = task["proxy"]
@@ -215,7 +253,7 @@ def _builtin(task: dict) -> tuple[dict, int]:
     weights = np.asarray(task["weights"], dtype=np.float64)
     sampler = _sampler(store, weights, pc, task["seed"], device)
     mcfg, tcfg = _configs(pc, tok)
-    model, stats = train(mcfg, tcfg, sampler, seed=task["seed"], device=device)
+    model, stats = train(mcfg, tcfg, sampler, seed=task["seed"], device=device, deadline=deadline)
     metrics = evaluate(model, tok, task["target"], Path(task["run_dir"]), device)
     metrics["train_loss"] = float(stats["final_loss"])
     log.info("proxy %s: objective inputs %s, %.0f tok/s", task["mixture_id"],
@@ -226,19 +264,78 @@ def _builtin(task: dict) -> tuple[dict, int]:
     return metrics, int(stats["tokens"])
 
 
+class ProxyTimeout(RuntimeError):
+    """An external proxy ran past proxy.timeout_s."""
+
+
+def _kill_group(proc: subprocess.Popen, grace: float = 3.0) -> None:
+    """SIGTERM the command's process group, then SIGKILL whatever is left after `grace` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+        try:  # the leader is gone; are any of its children left in the group?
+            os.killpg(proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.1 if sig == signal.SIGTERM else 0)
+
+
+def run_command(cmd: str, timeout_s: float) -> subprocess.CompletedProcess:
+    """Run a shell command in a process group of its own; the group is killed on timeout or
+    when this process is interrupted, so no trainer outlives the proxy it was started for."""
+    proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s if timeout_s > 0 else None)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:  # a child that left the group still holds the pipes
+            pass
+        raise ProxyTimeout(f"proxy.command timed out after {timeout_s:g}s (proxy.timeout_s); "
+                           "its process group was killed") from None
+    except BaseException:  # Ctrl-C, SIGTERM (raised by the CLI's handler), anything else
+        _kill_group(proc, grace=1.0)
+        raise
+    _kill_group(proc, grace=1.0)  # anything it left running in the background
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _metric(v):
+    """A metric value as a float; null and non-numbers as NaN (the record then fails)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return float("nan")
+    return float(v)
+
+
 def _external(task: dict) -> tuple[dict, int]:
     pc: ProxyConfig = task["proxy"]
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(prefix="climb-proxy-") as tmp:
         wfile, out = Path(tmp) / "weights.json", Path(tmp) / "metrics.json"
         wfile.write_text(json.dumps({"weights": task["weights"], "seed": task["seed"],
                                      "mixture_id": task["mixture_id"],
                                      "clusters": list(range(len(task["weights"])))}))
         cmd = pc.command.format(weights=shlex.quote(str(wfile)), out=shlex.quote(str(out)))
-        proc = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+        proc = run_command(cmd, pc.timeout_s)
         if proc.returncode != 0:
             raise RuntimeError(f"proxy.command exited {proc.returncode}: {proc.stderr[-2000:]}")
         if not out.exists():
             raise RuntimeError(f"proxy.command wrote no metrics file to {{out}}; stdout: {proc.stdout[-500:]}")
-        rec = json.loads(out.read_text())
-    metrics = rec.get("metrics", rec)
-    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}, int(rec.get("tokens", 0))
+        try:
+            rec = json.loads(out.read_text())
+        except ValueError as e:
+            raise RuntimeError(f"proxy.command wrote a metrics file that is not JSON ({e})") from None
+    metrics = rec.get("metrics", rec) if isinstance(rec, dict) else {}
+    if not isinstance(metrics, dict):
+        raise RuntimeError(f"proxy.command wrote {type(metrics).__name__} metrics; expected an object")
+    # Numbers are metrics; null (a failed evaluation) is kept so that the record fails.
+    metrics = {k: _metric(v) for k, v in metrics.items()
+               if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))}
+    return metrics, int(rec.get("tokens", 0) or 0)

@@ -21,7 +21,7 @@ from .config import RunConfig
 from .io import read_json, write_json
 from .predictor import goal_sign
 from .search import read_results
-from .stage import RunPaths, finish, stage_key, upstream_hash
+from .stage import RunPaths, finish, is_done, skipped, stage_key, upstream_hash
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,8 @@ def plot_weights(final: np.ndarray, natural: np.ndarray, clusters: list[dict], o
 def summary_table(summary: dict) -> str:
     """The comparison as Markdown: each mixture's mean, and climb minus it with a 95% interval."""
     t, res = summary["target"], summary["results"]
+    if not res:
+        return "(no comparison results: every comparison proxy failed; see search/comparison.json)"
     comp = summary.get("comparison", {})
     best = min(res, key=lambda k: goal_sign(t["goal"]) * res[k])
     lines = [f"| mixture | {t['name']} ({t['goal']}) | climb − mixture (95% CI) | verdict |",
@@ -154,7 +156,11 @@ def quality_lines(q: dict) -> str:
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
     t0 = time.time()
-    key = stage_key(upstream_hash(paths, "search"))
+    key = stage_key(upstream_hash(paths, "search"), cfg.name)
+    if is_done(paths, "report", key):
+        out = paths.root / "report"
+        print("\n" + summary_table(read_json(out / "summary.json")) + f"\n\nreport: {out / 'report.md'}\n")
+        return skipped(paths, "report")
     out = paths.stage("report")
     csum = read_json(paths.root / "cluster" / "clusters.json")
     clusters = csum["clusters"]

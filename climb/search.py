@@ -12,16 +12,16 @@ exploration. The final mixture is the predicted best (or the mean of the top
 k); it is then compared with the uniform and natural mixtures by training
 fresh proxies with seeds the search never used (`search.eval_seeds` per mixture).
 
-Every proxy result is appended to `search/results.jsonl` as it arrives and
-the plan of each iteration is saved first, so a killed search resumes at proxy
-granularity. The swarm is also written as CSV (`swarm_weights.csv`,
+Every proxy result is appended to `search/results.jsonl` as it arrives (see
+climb/results.py) and the plan of each iteration is saved first, so a killed
+search resumes at proxy granularity; a resumed search trains failed proxies
+again (`search.retry_failed`). The swarm is also written as CSV (`swarm_weights.csv`,
 `swarm_metrics.csv`) for other tools.
 
     climb search --config pipelines/demo.toml --run runs/demo
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from . import results as results_log
 from .cluster import load_assignments
-from .config import RunConfig
+from .config import RunConfig, without
 from .embed import shard_name
 from .device import proxy_processes
 from .executor import make_executor
@@ -79,7 +80,7 @@ def _tokenizer_texts(cfg: RunConfig, files: list[Path]) -> list[str]:
 
 def prepare(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     from proxies.tokenizer import load_tokenizer, train_bpe
-    from proxies.tokens import TokenStore, merge_token_stores
+    from proxies.tokens import TokenStore, merge_token_stores, store_is_complete
     sdir = paths.stage("search")
     tok_path = sdir / "tokenizer.json"
     if not tok_path.exists():
@@ -88,7 +89,7 @@ def prepare(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         else:
             files = paths.corpus_files(cfg)
             train_bpe(_tokenizer_texts(cfg, files), cfg.proxy.vocab_size, tok_path)
-    if not (sdir / "tokens" / "index.json").exists():
+    if not store_is_complete(sdir / "tokens"):
         names = read_json(paths.manifest("cluster"))["stats"]["shards"]
         files = {shard_name(f): f for f in paths.corpus_files(cfg)}
         n_clusters = read_json(paths.root / "cluster" / "clusters.json")["n_clusters"]
@@ -119,23 +120,12 @@ def _results_path(paths: RunPaths) -> Path:
 
 
 def read_results(paths: RunPaths) -> list[dict]:
-    p = _results_path(paths)
-    if not p.exists():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                log.warning("ignoring a truncated line in %s (the run was killed mid-write)", p)
-    return out
+    """Every complete proxy record, the last one per (mixture id, seed)."""
+    return results_log.load(_results_path(paths))
 
 
 def _append(paths: RunPaths, rec: dict) -> None:
-    with open(_results_path(paths), "a") as fh:
-        fh.write(json.dumps(rec) + "\n")
-        fh.flush()
+    results_log.append(_results_path(paths), rec)
 
 
 def _candidates(cfg: RunConfig, space: dict, n: int, seed: int) -> np.ndarray:
@@ -226,22 +216,25 @@ def final_mixture(cfg: RunConfig, space: dict, results: list[dict]) -> dict:
 
 
 def stage_hash(cfg: RunConfig, paths: RunPaths) -> str:
-    return stage_key(upstream_hash(paths, "cluster"), cfg.proxy, cfg.target, cfg.search,
-                     cfg.export.token_budget)
+    # A time limit or the retry rule changes how proxies run, not what they measure.
+    return stage_key(upstream_hash(paths, "cluster"), without(cfg.proxy, "timeout_s"), cfg.target,
+                     without(cfg.search, "retry_failed"), cfg.export.token_budget)
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
     key = stage_hash(cfg, paths)
-    if is_done(paths, "search", key):
+    # A damaged results file is repaired in place; a damaged tokenizer takes its token store with it.
+    if is_done(paths, "search", key, keep=("results.jsonl",), cascade={"tokenizer.json": "tokens"}):
         return skipped(paths, "search")
     t0 = time.time()
     sdir = begin(paths, "search", key, keep_on_change=True)
     sc = cfg.search
     oof: list = []
+    results_log.repair(_results_path(paths))
     with make_executor(cfg.executor, proxy_processes(cfg.proxy, cfg.executor)) as ex:
         space = mixture_space(cfg, prepare(cfg, paths, ex)["tokens"])
         results = read_results(paths)
-        done = {r["mixture_id"] for r in results}
+        done = {r["mixture_id"] for r in results if not results_log.retry(r, sc.retry_failed)}
         for it in range(len(sc.iterations)):
             plan = plan_iteration(cfg, paths, it, space, [r for r in results if r["iteration"] < it])
             todo = [m for m in plan["mixtures"] if m["mixture_id"] not in done]
@@ -249,8 +242,9 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
                 log.info("search iteration %d/%d: %d proxies (%d already done)", it + 1, len(sc.iterations),
                          len(todo), len(plan["mixtures"]) - len(todo))
             tasks = [_task(cfg, paths, m["mixture_id"], it, m["weights"], sc.seed) for m in todo]
-            new = run_proxies(cfg, ex, tasks, f"proxies it{it + 1}", lambda i, rec: _append(paths, rec))
-            results += new
+            run_proxies(cfg, ex, tasks, f"proxies it{it + 1}", lambda i, rec: _append(paths, rec))
+            results = read_results(paths)  # the file is the record: CSVs, manifest and report agree with it
+            results_log.require_successes(results, 1)
             _write_swarm_csv(paths, results)
             if it == 0:
                 reps = replicates(cfg, paths, ex, results)
@@ -266,6 +260,7 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
                 log.info("after iteration %d: best %s = %.4f (%s); predictor out-of-fold Spearman %s",
                          it + 1, ",".join(cfg.target.objective), best["objective"], best["mixture_id"],
                          _fmt(oof[-1]))
+        results_log.require_successes(results, 2)
         final = final_mixture(cfg, space, results)
         write_json(sdir / "mixture.json", {**final, "natural": space["natural"].tolist(),
                                            "uniform": space["uniform"].tolist(),
@@ -275,6 +270,8 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
         if "one-shot" in sc.baselines:
             mixtures["one-shot"] = one_shot(cfg, paths, ex, space, results)
         runs = compare(cfg, paths, ex, mixtures)
+    if all(r["status"] != "ok" for per in runs.values() for r in per.values()):
+        results_log.require_successes([r for per in runs.values() for r in per.values()], 1, "comparison proxies")
     table, verdicts = comparison_table(cfg, runs)
     quality = _quality(cfg, results, reps, runs, oof)
     quality["comparison"] = verdicts
@@ -290,7 +287,7 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
              "replicate_proxies": sum(len(v) - 1 for v in reps.values()),  # less the search's own run
              "comparison_proxies": sum(len(v) for v in runs.values()),
              "one_shot_proxies": len(read_json(sdir / "one_shot.json")) if (sdir / "one_shot.json").exists() else 0}
-    return finish(paths, "search", key, stats, t0)
+    return finish(paths, "search", key, stats, t0, digest_files=("mixture.json",))
 
 
 def _fmt(v) -> str:
@@ -313,7 +310,8 @@ def replicates(cfg: RunConfig, paths: RunPaths, ex, results: list[dict]) -> dict
     have = read_json(out_file) if out_file.exists() else {}
     first = sorted((r for r in results if r["iteration"] == 0), key=lambda r: r["mixture_id"])[: sc.replicates]
     seeds = [sc.seed + 1 + s for s in range(sc.replicate_seeds)]
-    todo = [(r, s) for r in first for s in seeds if f"{r['mixture_id']}/{s}" not in have]
+    todo = [(r, s) for r in first for s in seeds
+            if results_log.retry(have.get(f"{r['mixture_id']}/{s}"), sc.retry_failed)]
     tasks = [_task(cfg, paths, f"{r['mixture_id']}-seed{s}", 0, r["weights"], s) for r, s in todo]
 
     def keep(i: int, rec: dict) -> None:
@@ -353,7 +351,8 @@ def one_shot(cfg: RunConfig, paths: RunPaths, ex, space: dict, results: list[dic
     trained = {r["mixture_id"]: r for r in results if r["iteration"] == 0}
     out_file = paths.root / "search" / "one_shot.json"
     have = read_json(out_file) if out_file.exists() else {}
-    todo = [j for j in range(total) if f"it0-{j:03d}" not in trained and f"oneshot-{j:03d}" not in have]
+    todo = [j for j in range(total)
+            if f"it0-{j:03d}" not in trained and results_log.retry(have.get(f"oneshot-{j:03d}"), sc.retry_failed)]
     tasks = [_task(cfg, paths, f"oneshot-{j:03d}", -2, pool[j], sc.seed) for j in todo]
 
     def keep(i: int, rec: dict) -> None:
@@ -375,7 +374,8 @@ def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict) -> dict:
     have = read_json(out_file) if out_file.exists() else {}
     names = ["climb"] + [b for b in cfg.search.baselines if b in mixtures]
     seeds = [cfg.search.eval_seed + s for s in range(cfg.search.eval_seeds)]
-    todo = [(n, seed) for n in names for seed in seeds if f"{n}/{seed}" not in have]
+    todo = [(n, seed) for n in names for seed in seeds
+            if results_log.retry(have.get(f"{n}/{seed}"), cfg.search.retry_failed)]
     tasks = [_task(cfg, paths, f"final-{n}-{seed}", -1, mixtures[n], seed) for n, seed in todo]
 
     def keep(i: int, rec: dict) -> None:

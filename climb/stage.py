@@ -3,8 +3,14 @@
 A run lives in one folder: `<run>/{config.toml, embed/, cluster/, search/,
 export/, report/}`. Each stage writes `manifest.json` last, holding a hash of
 the config sections it depends on, its upstream manifests' hashes and its input
-fingerprints. A stage whose manifest hash matches is skipped; one without a
-manifest resumes task by task from the files already written.
+fingerprints, and the size and mtime_ns of every file the stage wrote. A
+stage whose manifest hash matches and whose files are as it left them is
+skipped; one without a manifest resumes task by task from the files already
+written. A file damaged or deleted since (a shard cut short, an assignment
+file removed) is taken away with the manifest, so the stage resumes and its
+producer writes that file again; a stage reading the outputs of an earlier one
+first checks them the same way and, if one is damaged, stops with a message
+naming the file and the command that re-creates it.
 """
 from __future__ import annotations
 
@@ -15,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from .config import RunConfig, section_hash, to_toml
-from .io import read_json, resolve_corpus_files, write_json
+from .io import InputError, atomic_path, read_json, resolve_corpus_files, write_json
 
 log = logging.getLogger(__name__)
 STAGES = ("embed", "cluster", "search", "export", "report")
+# Bookkeeping files of a stage folder, not outputs.
+OWN_FILES = ("manifest.json", "state.json")
 
 
 @dataclass(frozen=True)
@@ -37,29 +45,104 @@ class RunPaths:
         return resolve_corpus_files(cfg.corpus.paths, self.root, cfg.corpus.max_shards)
 
     def save_config(self, cfg: RunConfig) -> None:
+        """Write config.toml, only if it changed: a finished run in a read-only folder still reads."""
         self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "config.toml").write_text(to_toml(cfg))
+        path, text = self.root / "config.toml", to_toml(cfg)
+        if path.exists() and path.read_text() == text:
+            return
+        with atomic_path(path) as tmp:
+            tmp.write_text(text)
+
+
+def output_fingerprints(folder: Path) -> dict[str, list[int]]:
+    """Size and mtime_ns of every file under a stage folder (temporary and bookkeeping files aside)."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if rel in OWN_FILES or any(part.startswith(".") for part in p.relative_to(folder).parts) or not p.is_file():
+            continue
+        st = p.stat()
+        out[rel] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def damaged_outputs(paths: RunPaths, stage: str) -> list[str]:
+    """Outputs of a finished stage that are missing or changed (size or mtime) since its manifest."""
+    folder = paths.root / stage
+    recorded = read_json(paths.manifest(stage)).get("outputs") or {}
+    bad = []
+    for rel, (size, mtime_ns) in recorded.items():
+        try:
+            st = (folder / rel).stat()
+        except FileNotFoundError:
+            bad.append(rel)
+            continue
+        if st.st_size != size or st.st_mtime_ns != mtime_ns:
+            bad.append(rel)
+    return bad
+
+
+def _describe(paths: RunPaths, stage: str, bad: list[str]) -> str:
+    first = paths.root / stage / bad[0]
+    state = "missing" if not first.exists() else "changed (size or time)"
+    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+    return f"{first} is {state} since `climb {stage}` wrote it{more}"
 
 
 def upstream_hash(paths: RunPaths, stage: str) -> str:
+    """The manifest hash of an earlier stage, after checking its outputs are as it left them."""
     m = paths.manifest(stage)
     if not m.exists():
         raise FileNotFoundError(f"stage {stage!r} has not run in {paths.root}; run `climb {stage}` first")
-    return read_json(m)["hash"]
+    try:
+        manifest = read_json(m)
+    except ValueError:
+        raise InputError(f"{m} is damaged; run `climb {stage}` (same --config and --run) to re-create it") from None
+    bad = damaged_outputs(paths, stage)
+    if bad:
+        raise InputError(f"{_describe(paths, stage, bad)}; run `climb {stage}` (same --config and --run) "
+                         "to re-create it")
+    # A repair that changed what the stage produced (see finish) changes what later stages key on.
+    return stage_key(manifest["hash"], manifest["content"]) if manifest.get("content") else manifest["hash"]
 
 
 def stage_key(*parts: Any) -> str:
     return section_hash(*parts)
 
 
-def is_done(paths: RunPaths, stage: str, key: str) -> bool:
+def is_done(paths: RunPaths, stage: str, key: str, keep: tuple[str, ...] = (),
+            cascade: dict[str, str] | None = None) -> bool:
+    """Whether the stage finished with this key and its outputs are intact.
+
+    Damaged outputs are removed with the manifest, so the stage resumes and writes
+    them again; `keep` names files repaired in place instead (an append-only log),
+    and `cascade` maps a file to a folder that depends on it and goes with it.
+    """
     m = paths.manifest(stage)
     if not m.exists():
         return False
     try:
-        return read_json(m).get("hash") == key
+        if read_json(m).get("hash") != key:
+            return False
     except ValueError:
         return False
+    bad = damaged_outputs(paths, stage)
+    if not bad:
+        return True
+    log.warning("%s: %s; running %s again to re-create it", stage, _describe(paths, stage, bad), stage)
+    folder = paths.root / stage
+    import shutil
+    old = read_json(m)
+    write_json(folder / "state.json", {"hash": key, "repairing": {k: old.get(k) for k in ("digest", "content")}})
+    for rel in bad:
+        if rel in keep:
+            continue
+        (folder / rel).unlink(missing_ok=True)
+        dependent = (cascade or {}).get(rel)
+        if dependent and (folder / dependent).exists():
+            shutil.rmtree(folder / dependent)
+    m.unlink()
+    return False
 
 
 def begin(paths: RunPaths, stage: str, key: str, keep_on_change: bool = False) -> Path:
@@ -81,14 +164,46 @@ def begin(paths: RunPaths, stage: str, key: str, keep_on_change: bool = False) -
     elif not state.exists() and any(d.iterdir()):
         for child in d.iterdir():  # outputs of unknown provenance: do not resume from them
             shutil.rmtree(child) if child.is_dir() else child.unlink()
-    write_json(state, {"hash": key})
+    kept = read_json(state) if state.exists() else {}
+    write_json(state, {**kept, "hash": key})
     return d
 
 
-def finish(paths: RunPaths, stage: str, key: str, stats: dict, started: float) -> dict:
+def _digest(folder: Path, files: tuple[str, ...]) -> str | None:
+    import hashlib
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for rel in files:
+        h.update(rel.encode() + b"\0" + (folder / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def finish(paths: RunPaths, stage: str, key: str, stats: dict, started: float,
+           digest_files: tuple[str, ...] = ()) -> dict:
+    """Write the manifest: key, stats, output fingerprints, and a digest of `digest_files`.
+
+    After a repair (is_done found damaged outputs) the digest is compared with the one
+    before: where the stage did not reproduce what it had (k-means on a GPU, say), the
+    new digest becomes the manifest's `content`, which later stages key on, so they
+    run again instead of mixing old and new results.
+    """
     stats = dict(stats, seconds=round(time.time() - started, 3))
-    write_json(paths.manifest(stage), {"stage": stage, "hash": key, "stats": stats,
-                                       "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    folder = paths.root / stage
+    digest = _digest(folder, digest_files)
+    state = read_json(folder / "state.json") if (folder / "state.json").exists() else {}
+    content = None
+    if "repairing" in state:
+        before = state["repairing"]
+        content = before.get("content") if digest == before.get("digest") else digest
+        if content != before.get("content"):
+            log.warning("%s: the re-created outputs differ from the previous ones; later stages run again", stage)
+        write_json(folder / "state.json", {"hash": key})
+    manifest = {"stage": stage, "hash": key, "stats": stats, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "digest": digest, "outputs": output_fingerprints(folder)}
+    if content:
+        manifest["content"] = content
+    write_json(paths.manifest(stage), manifest)
     log.info("%s done in %.1fs", stage, stats["seconds"])
     return stats
 

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from .model import GPT, GPTConfig
 from .sampler import MixtureSampler
-from .train import TailAverage, TrainConfig, autocast, average_from, lr_at
+from .train import TailAverage, TrainConfig, autocast, average_from, check_deadline, lr_at
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +157,7 @@ def train_stacked(
     samplers: list[MixtureSampler],
     seeds: list[int],
     device: str | torch.device = "cpu",
+    deadline: float | None = None,
 ) -> list[tuple[GPT, dict]]:
     """Train len(samplers) fresh proxies together; one (model, stats) per proxy, as ``train`` returns.
 
@@ -198,6 +199,7 @@ def train_stacked(
     tail_avg, avg_from = TailAverage(), average_from(train_cfg)  # elementwise, so per proxy as in train()
     t0 = time.perf_counter()
     for step in range(train_cfg.steps):
+        check_deadline(deadline, step, train_cfg.steps)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, train_cfg)
         step_loss = torch.zeros(P, device=device)

@@ -85,8 +85,14 @@ def write_shard_tokens(
     part_dir = Path(out_dir) / "parts" / shard_name
     done = part_dir / "done.json"
     if done.exists():
-        logger.info("shard %s already tokenized (%s); skipping", shard_name, done)
-        return _load_shard_stats(done)
+        stats = _load_shard_stats(done)
+        bad = _bad_parts(part_dir, stats)
+        if not bad:
+            logger.info("shard %s already tokenized (%s); skipping", shard_name, done)
+            return stats
+        # Parts written twice (two writers) or cut short: tokenize the shard again.
+        logger.warning("shard %s: %s does not match %s; tokenizing it again", shard_name, bad, done)
+        done.unlink()
 
     clusters = np.asarray(clusters)
     if len(texts) != len(clusters):
@@ -153,6 +159,41 @@ def write_shard_tokens(
     return stats
 
 
+def _bad_parts(part_dir: Path, stats: dict) -> str | None:
+    """The first part file whose size disagrees with the shard's done.json (None: all agree)."""
+    itemsize = np.dtype(stats["dtype"]).itemsize
+    for c, n in stats["tokens_per_cluster"].items():
+        f = _cluster_file(part_dir, c)
+        if not f.exists() or f.stat().st_size != n * itemsize:
+            return str(f)
+    if not (part_dir / "doc_tokens.npy").exists():
+        return str(part_dir / "doc_tokens.npy")
+    return None
+
+
+def _bad_merged(out_dir: Path, index: dict) -> str | None:
+    """The first merged cluster file whose size disagrees with index.json (None: all agree)."""
+    itemsize = np.dtype(index["dtype"]).itemsize
+    for c, n in enumerate(index["tokens"]):
+        f = _cluster_file(out_dir, c)
+        if n and (not f.exists() or f.stat().st_size != n * itemsize):
+            return str(f)
+    return None
+
+
+def store_is_complete(out_dir: str | Path) -> bool:
+    """Whether a merged store exists with every cluster file of the size its index says."""
+    index_path = Path(out_dir) / "index.json"
+    if not index_path.exists():
+        return False
+    try:
+        with open(index_path) as f:
+            index = json.load(f)
+    except ValueError:
+        return False
+    return _bad_merged(Path(out_dir), index) is None
+
+
 def merge_token_stores(out_dir: str | Path, shard_names: Sequence[str], n_clusters: int) -> dict:
     """Concatenate shard parts (in ``shard_names`` order) into one file per cluster.
 
@@ -165,7 +206,8 @@ def merge_token_stores(out_dir: str | Path, shard_names: Sequence[str], n_cluste
     if index_path.exists():
         with open(index_path) as f:
             index = json.load(f)
-        if index.get("shards") == shard_names and index.get("n_clusters") == n_clusters:
+        if (index.get("shards") == shard_names and index.get("n_clusters") == n_clusters
+                and _bad_merged(out_dir, index) is None):
             logger.info("token store %s already merged; skipping", out_dir)
             return index
         index_path.unlink()  # stale: remove first so a crash below leaves no valid-looking index

@@ -34,6 +34,16 @@ from .sampler import MixtureSampler
 logger = logging.getLogger(__name__)
 
 SCHEDULES = ("cosine", "wsd")
+
+
+class TrainingTimeout(RuntimeError):
+    """Training ran past its wall-clock deadline (the caller's time limit)."""
+
+
+def check_deadline(deadline: float | None, step: int, steps: int) -> None:
+    """Raise TrainingTimeout once ``time.monotonic()`` is past ``deadline`` (None: no limit)."""
+    if deadline is not None and time.monotonic() > deadline:
+        raise TrainingTimeout(f"training stopped at step {step}/{steps}: past its time limit")
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
@@ -171,8 +181,12 @@ def train(
     sampler: MixtureSampler,
     seed: int,
     device: str | torch.device = "cpu",
+    deadline: float | None = None,
 ) -> tuple[GPT, dict]:
     """Train a fresh GPT; returns (model in eval mode, stats).
+
+    ``deadline`` (a ``time.monotonic()`` value) stops training with TrainingTimeout
+    at the first step that starts after it.
 
     stats: steps, tokens, seconds, tokens_per_s, final_loss (mean of the last 10% of
     step losses), losses (one per step), num_params, finite (False if the loss diverged).
@@ -213,6 +227,7 @@ def train(
         t0 = last_t = time.perf_counter()
         last_step = 0
         for step in range(train_cfg.steps):
+            check_deadline(deadline, step, train_cfg.steps)
             lr = lr_at(step, train_cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr

@@ -1,12 +1,16 @@
 """The Dask backend: the same files as the in-process run, and a killed worker loses nothing.
 
 - `test_dask_run_equals_local_run`: embed -> cluster -> search -> export on a
-  tiny corpus, in-process and on a 2-process `LocalCluster`; every output file
+  tiny corpus, in-process and on a 2-process `LocalCluster`, both through the
+  pipeline (which holds the run folder's lock in the client); every output file
   is compared (search results keyed by mixture id: arrival order may differ).
+- `test_only_the_client_holds_the_run_lock`: seen from a worker, the run folder
+  is held by the client process.
 - `test_builtin_proxies_equal_on_dask`: the built-in trainer (CPU, one thread)
   gives the same records in a worker process as in this one.
 - `test_killed_worker_mid_search`: a real `dask scheduler` and two `dask worker`
-  processes; one is SIGKILLed (with its children) while it trains a proxy; the
+  processes; one is SIGKILLed (with its children, and the process groups of the
+  proxy commands it started) while it trains a proxy; the
   search completes on the other worker with nothing lost or duplicated and the
   same results as the undisturbed in-process run.
 - `test_gpu_worker_lost_falls_back`: the only worker with a `GPU` resource dies
@@ -33,7 +37,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from climb import cluster, embed, executor, export, search
+from climb import executor, pipeline, search
 from climb.config import ConfigError, load_config
 from climb.executor import DaskExecutor, LocalExecutor
 from climb.proxy import train_and_score
@@ -68,11 +72,10 @@ def _config(corpus: Path, *extra: str, command: str | None = None):
 
 
 def _run(cfg, root: Path) -> RunPaths:
-    paths = RunPaths(root)
-    paths.save_config(cfg)
-    for stage in (embed, cluster, search, export):
-        stage.run(cfg, paths)
-    return paths
+    # Through the pipeline, which holds the run folder's lock in this process (the client)
+    # while the stages' tasks run on the workers.
+    pipeline.run_stage("export", cfg, root)
+    return RunPaths(root)
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +171,22 @@ def test_dask_run_equals_local_run(corpus, local_run, shared_clusters, tmp_path)
         assert (a / "export" / f).read_text() == (b / "export" / f).read_text()
 
 
+LOCK_PROBE = """import sys
+from climb.runlock import RunLocked, hold
+try:
+    with hold(sys.argv[1]): print("held")
+except RunLocked as e: print(e)
+"""
+
+
+def test_only_the_client_holds_the_run_lock(local_run, shared_clusters):
+    from climb.runlock import hold
+    with hold(local_run.root):
+        with DaskExecutor("", workers=2, threads_per_worker=1) as ex:
+            out = ex.map(subprocess.check_output, [[sys.executable, "-c", LOCK_PROBE, str(local_run.root)]])
+    assert f"in use by PID {os.getpid()}" in out[0].decode()  # seen from a worker: the client holds it
+
+
 def test_builtin_proxies_equal_on_dask(local_run, shared_clusters):
     """Built-in trainer, CPU, one thread per worker: bit-identical records in a worker process."""
     cfg = load_config(local_run.root / "config.toml")
@@ -260,9 +279,14 @@ def dask_processes(tmp_path, request):
 SLOW = '''import json, os, subprocess, sys, time
 weights, out, log, delay = sys.argv[1:5]
 mid = json.load(open(weights))["mixture_id"]
+# Each proxy command runs in a process group of its own; note the worker that started
+# it (the parent, or the shell's parent) and that group.
+worker = os.getppid()
+if open(f"/proc/{worker}/comm").read().strip() in ("sh", "dash", "bash"):
+    worker = int(open(f"/proc/{worker}/stat").read().rsplit(")", 1)[1].split()[1])
 def note(what):
     with open(log, "a") as fh:
-        fh.write(f"{what} {mid} {os.getpgid(0)}\\n")
+        fh.write(f"{what} {mid} {worker} {os.getpgid(0)}\\n")
 note("start")
 time.sleep(float(delay))
 subprocess.run([sys.executable, HELPER, weights, out], check=True)
@@ -277,9 +301,15 @@ def _slow_command(folder: Path, delay: float) -> tuple[str, Path]:
 
 
 def _log(log: Path) -> list[tuple[str, str, int]]:
+    """(event, mixture id, worker pid) per line of the slow proxy's log."""
+    return [e[:3] for e in _events(log)]
+
+
+def _events(log: Path) -> list[tuple]:
     if not log.exists():
         return []
-    return [(w, m, int(g)) for w, m, g in (line.split() for line in log.read_text().splitlines() if line.strip())]
+    return [(w, m, int(g), *map(int, rest)) for w, m, g, *rest in
+            (line.split() for line in log.read_text().splitlines() if line.strip())]
 
 
 def _running(log: Path, pgid: int) -> set[str]:
@@ -320,6 +350,11 @@ def test_killed_worker_mid_search(corpus, local_run, dask_processes, tmp_path):
     interrupted = _running(log, victim)
     written = len(search.read_results(paths))
     dask_processes.kill("w0")
+    for pgid in {e[3] for e in _events(log) if e[2] == victim}:  # a node lost: its proxies go too
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     t.join(timeout=120)
     assert not t.is_alive(), "the search did not finish on the remaining worker"
     assert not error, error
