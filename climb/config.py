@@ -90,6 +90,8 @@ class ProxyConfig:
     min_lr_ratio: float = 0.1
     # Evaluate the mean of the weights over this last fraction of the steps (0: off).
     average_last: float = 0.0
+    # Share the token embedding with the LM head (GPT-2 style); false gives the head its own weights.
+    tie_embeddings: bool = True
     # Batches whose cluster composition follows the weights exactly (a stride
     # schedule), instead of drawing each row's cluster at random.
     exact_batches: bool = False

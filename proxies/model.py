@@ -44,6 +44,9 @@ class GPTConfig:
     # Dropout on embeddings, attention probabilities and residual branches;
     # 0.0 for proxies because each token is seen about once.
     dropout: float = 0.0
+    # Share the token embedding with the LM head (GPT-2). Untied, a proxy this small
+    # leaves its initial loss plateau sooner and more steadily (BENCHMARKS.md, proxy noise).
+    tie_embeddings: bool = True
 
     def __post_init__(self) -> None:
         if self.vocab_size <= 0 or self.n_layer <= 0 or self.seq_len <= 0:
@@ -130,7 +133,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
         # GPT-2 scaling: each block adds two residual branches, so shrink their
         # output projections to keep the residual-stream variance from growing with depth.
@@ -149,7 +153,7 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def num_params(self, non_embedding: bool = False) -> int:
-        """Parameter count; the tied LM head is counted once (as the embedding)."""
+        """Parameter count; a tied LM head is counted once (as the embedding)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= self.wpe.weight.numel() + self.wte.weight.numel()

@@ -92,6 +92,9 @@ class StackedGPT(nn.Module):
         self.blocks = nn.ModuleList(_StackedBlock([m.blocks[i] for m in models]) for i in range(cfg.n_layer))
         self.lnf_w = nn.Parameter(torch.stack([m.ln_f.weight.detach() for m in models]))
         self.lnf_b = nn.Parameter(torch.stack([m.ln_f.bias.detach() for m in models]))
+        # An untied LM head is stacked like the rest; a tied one is wte itself.
+        self.head = None if cfg.tie_embeddings else nn.Parameter(
+            torch.stack([m.lm_head.weight.detach() for m in models]))  # [P, V, C]
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         P, B, T = idx.shape
@@ -114,7 +117,8 @@ class StackedGPT(nn.Module):
             x = x + _linear(y, blk.proj_w, blk.proj_b)
             h = _layer_norm(x, blk.ln2_w, blk.ln2_b)
             x = x + _linear(F.gelu(_linear(h, blk.fc_w, blk.fc_b)), blk.out_w, blk.out_b)
-        logits = torch.bmm(_layer_norm(x, self.lnf_w, self.lnf_b), self.wte.transpose(1, 2))  # [P, B*T, V]
+        head = self.wte if self.head is None else self.head
+        logits = torch.bmm(_layer_norm(x, self.lnf_w, self.lnf_b), head.transpose(1, 2))  # [P, B*T, V]
         tgt = targets.reshape(P, B * T)
         nll = F.cross_entropy(logits.float().view(-1, V), tgt.reshape(-1), ignore_index=-1, reduction="none")
         return nll.view(P, -1).sum(1) / (tgt >= 0).sum(1).clamp_min(1)
@@ -136,6 +140,8 @@ class StackedGPT(nn.Module):
                     _get(blk, path).bias.copy_(getattr(sblk, f"{name}_b")[p])
             m.ln_f.weight.copy_(self.lnf_w[p])
             m.ln_f.bias.copy_(self.lnf_b[p])
+            if self.head is not None:
+                m.lm_head.weight.copy_(self.head[p])
             out.append(m.eval())
         return out
 

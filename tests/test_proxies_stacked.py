@@ -135,3 +135,24 @@ def test_tail_average_is_the_mean_of_the_last_weights_and_stacks(store):
         for pa, pb in zip(a.parameters(), b.parameters()):
             torch.testing.assert_close(pa, pb, rtol=0, atol=2e-3)  # as one-by-one vs stacked above
     assert not torch.allclose(single[0].wte.weight, last.wte.weight)
+
+
+def test_untied_head_stacks_and_trains_like_one_by_one(store):
+    cfg = GPTConfig(vocab_size=256, n_layer=2, n_head=2, n_embd=32, seq_len=16, tie_embeddings=False)
+    m = GPT(cfg, seed=0)
+    assert m.lm_head.weight.data_ptr() != m.wte.weight.data_ptr()
+    assert m.num_params() == GPT(CFG, seed=0).num_params() + 256 * 32
+    models = [GPT(cfg, seed=s) for s in range(2)]
+    stacked = StackedGPT(models)
+    x = torch.randint(0, 256, (2, 3, 17))
+    want = torch.stack([mm(x[p, :, :-1], x[p, :, 1:])[1] for p, mm in enumerate(models)])
+    torch.testing.assert_close(stacked(x[..., :-1], x[..., 1:]), want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(models, stacked.unstack()):
+        assert torch.equal(a.lm_head.weight, b.lm_head.weight) and torch.equal(a.wte.weight, b.wte.weight)
+    tcfg = TrainConfig(steps=15, batch_size=8, lr=1e-2, warmup_steps=2, log_every=0, precision="fp32")
+    seeds = [3, 4]
+    samplers = [MixtureSampler(store, np.array(w), 16, 8, seed=s) for w, s in zip(MIXTURES, seeds)]
+    single = [train(cfg, tcfg, s, seed=seed)[1]["losses"] for s, seed in zip(samplers, seeds)]
+    samplers = [MixtureSampler(store, np.array(w), 16, 8, seed=s) for w, s in zip(MIXTURES, seeds)]
+    both = [st["losses"] for _, st in train_stacked(cfg, tcfg, samplers, seeds=seeds)]
+    assert np.abs(np.array(single) - np.array(both)).max() < 1e-4
