@@ -94,10 +94,10 @@ class ProxyConfig:
     tie_embeddings: bool = True
     # Batches whose cluster composition follows the weights exactly (a stride
     # schedule), instead of drawing each row's cluster at random.
-    exact_batches: bool = False
+    exact_batches: bool = True
     # Common random numbers: with one seed, every cluster yields the same windows in
     # the same order whatever the mixture, so proxies differ by their mixture only.
-    common_streams: bool = False
+    common_streams: bool = True
     device: str = "auto"
     # bf16 autocast for the proxies' matmuls: "auto" (where the device has native
     # bf16 kernels; on a CPU only for n_embd >= 96, below which it measured
