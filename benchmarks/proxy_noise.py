@@ -56,13 +56,10 @@ def _run(task: dict) -> dict:
 
 
 def noise_stats(table: np.ndarray) -> dict:
-    """table[m, s]: objective of mixture m with seed s."""
-    R, S = table.shape
-    within = table - table.mean(1, keepdims=True)
-    seed_sd = float(np.sqrt((within ** 2).sum() / (R * (S - 1))))
-    resid = within - within.mean(0, keepdims=True)
-    paired_sd = float(np.sqrt((resid ** 2).sum() / ((R - 1) * (S - 1))))
-    return {"seed_sd": seed_sd, "paired_sd": paired_sd, "mixture_means": table.mean(1).round(4).tolist(),
+    """table[m, s]: objective of mixture m with seed s; the search's own noise figures plus the table."""
+    from climb.quality import noise
+    n = noise(table)
+    return {"seed_sd": n["seed_sd"], "paired_sd": n["paired_sd"], "mixture_means": table.mean(1).round(4).tolist(),
             "table": table.round(4).tolist()}
 
 
