@@ -4,12 +4,16 @@ A predictor maps mixture weights (rows summing to 1) to the raw metric a proxy
 reached; callers handle the goal (minimize/maximize). Names (`make_predictor`):
 
 - ``default``: a Gaussian process (ARD Matern-5/2 on standardised log weights)
-  blended with plain LightGBM, the blend weight chosen at every fit by inner 5-fold
-  CV (pooled out-of-fold Spearman) on the results given, so a swarm whose response
-  is not smooth falls back to the trees; below 10 results, the GP alone. Chosen by
+  blended with LightGBM (1,000 trees, learning rate 0.01, the library's other
+  defaults), the blend weight chosen at every fit by inner 5-fold CV (pooled
+  out-of-fold Spearman) on the results given, so a swarm whose response is not
+  smooth falls back to the trees; below 10 results (and while the trees cannot
+  split, below 40), the GP alone. Chosen by
   CV on RegMix's *training* runs only: ``benchmarks/predictor_regmix.py --select``.
 - ``gp``: the Gaussian process alone.
-- ``lightgbm``: plain LightGBM, 1,000 trees, learning rate 0.01, otherwise defaults.
+- ``lightgbm``: plain LightGBM, 1,000 trees, learning rate 0.01, otherwise defaults
+  except ``min_child_samples`` scaled to the rows given (n // 10 within [2, 20], the
+  library's 20 from 200 rows on), so that it can split on a small swarm.
 - ``lightgbm-log``: the same on weights plus log weights.
 - ``linear``: least squares on the weights.
 
@@ -133,7 +137,8 @@ class GPPredictor:
                 L, info = lapack.dpotrf(K + KL + (self.sn + jitter) * np.eye(n), lower=1)
                 if not info:
                     break
-            self._F, self._alpha = F, cho_solve((L, True), yz)
+            # L is kept for the posterior variance (climb.acquisition)
+            self._F, self._alpha, self._L = F, cho_solve((L, True), yz), L
         return self
 
     def predict(self, X):
@@ -144,6 +149,11 @@ class GPPredictor:
                 K, _, KL = self._gram(Q[i:i + 20_000], self._F, self.ls, self.s2, self.s_lin)
                 means.append((K + KL) @ self._alpha)
         return np.concatenate(means) * self.ys + self.ym
+
+
+def min_child_samples(n: int) -> int:
+    """Plain LightGBM's leaf minimum for n rows: n // 10 within [2, 20] (20 is the library default)."""
+    return int(np.clip(n // 10, 2, 20))
 
 
 class LightGBMPredictor:
@@ -160,7 +170,12 @@ class LightGBMPredictor:
 
     def fit(self, X, y):
         import lightgbm as lgb
-        self.model = lgb.LGBMRegressor(**self.params).fit(self._features(X), np.asarray(y, float))
+        y = np.asarray(y, float)
+        # LightGBM's min_child_samples=20 cannot split below 40 rows: the fit is then one
+        # constant. Scaled to n (n // 10, between 2 and 20) it splits on small swarms and
+        # is the library default from 200 rows on.
+        params = {"min_child_samples": min_child_samples(len(y)), **self.params}
+        self.model = lgb.LGBMRegressor(**params).fit(self._features(X), y)
         return self
 
     def predict(self, X):
@@ -179,8 +194,14 @@ class LinearPredictor:
         return np.asarray(X, float) @ self.coef
 
 
+def is_constant(v) -> bool:
+    """All values equal up to rounding (a least-squares fit of a constant target differs by ~1e-16)."""
+    v = np.asarray(v, float)
+    return bool(np.ptp(v) <= 1e-12 * max(1.0, float(np.max(np.abs(v)))))
+
+
 def _spearman(a, b) -> float:
-    return float("nan") if np.ptp(a) == 0 or np.ptp(b) == 0 else float(spearmanr(a, b).statistic)
+    return float("nan") if is_constant(a) or is_constant(b) else float(spearmanr(a, b).statistic)
 
 
 class BlendPredictor:
@@ -225,8 +246,11 @@ class BlendPredictor:
 def _registry(seed: int) -> dict:
     gp = lambda: GPPredictor(seed=seed)  # noqa: E731
     lgbm = lambda: LightGBMPredictor(seed=seed)  # noqa: E731
+    # The default's trees keep the library's min_child_samples=20, as when it was selected
+    # (`predictor_regmix.py --select`); scaled, they took weight from the GP at 16 runs and ranked worse.
+    trees = lambda: LightGBMPredictor(seed=seed, min_child_samples=20)  # noqa: E731
     return {
-        "default": lambda: BlendPredictor(gp, lgbm, seed=seed, name="default"),
+        "default": lambda: BlendPredictor(gp, trees, seed=seed, name="default"),
         "gp": gp,
         "lightgbm": lgbm,
         "lightgbm-log": lambda: LightGBMPredictor(seed=seed, log_features=True, name="lightgbm-log"),
@@ -257,13 +281,19 @@ def rank_metrics(y_true, y_pred, goal: str) -> dict:
     top1_regret: true value of the predicted-best item minus the true best, in the
     metric's units, oriented so that it is >= 0 (0 = the predicted best is the true best).
     top1_rank: 1 + how many items are truly strictly better than the predicted best.
+    A constant prediction picks no item: `constant_prediction` is True, and Spearman,
+    Pearson, top1_regret and top1_rank are NaN / None.
     """
     y_true, y_pred, s = np.asarray(y_true, float), np.asarray(y_pred, float), goal_sign(goal)
-    pick = int(np.argmin(s * y_pred))
-    pearson = float(pearsonr(y_true, y_pred).statistic) if np.ptp(y_pred) > 0 and np.ptp(y_true) > 0 else float("nan")
-    return {"spearman": _spearman(y_true, y_pred), "pearson": pearson,
-            "top1_regret": float(s * y_true[pick] - np.min(s * y_true)),
-            "top1_rank": int(1 + np.sum(s * y_true < s * y_true[pick])), "n": int(y_true.size)}
+    out = {"spearman": _spearman(y_true, y_pred), "pearson": float("nan"), "top1_regret": float("nan"),
+           "top1_rank": None, "n": int(y_true.size), "constant_prediction": is_constant(y_pred)}
+    if not out["constant_prediction"]:
+        pick = int(np.argmin(s * y_pred))
+        out.update(top1_regret=float(s * y_true[pick] - np.min(s * y_true)),
+                   top1_rank=int(1 + np.sum(s * y_true < s * y_true[pick])))
+        if not is_constant(y_true):
+            out["pearson"] = float(pearsonr(y_true, y_pred).statistic)
+    return out
 
 
 def propose(X_seen, y_seen, goal: str, candidates: np.ndarray, n: int, predictor_name: str = "default",
