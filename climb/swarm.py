@@ -123,6 +123,20 @@ def read_swarm(weights_csv, metrics_csv, key: str = "index", tol: float = 1e-2, 
     return swarm
 
 
+def read_weights(weights_csv, key: str = "index", tol: float = 1e-2) -> tuple[list[str], list[str], np.ndarray]:
+    """Mixtures alone (a weights file without metrics, e.g. candidates): keys, domains, rows summing to 1."""
+    df = _read(weights_csv, key, "weights")
+    domains, W, _ = _weights(df, key, weights_csv, tol)
+    return list(df[key]), domains, W
+
+
+def cluster_order(domains: list[str], W: np.ndarray) -> np.ndarray:
+    """Columns named cluster_0 .. cluster_<k-1> (as `climb search` writes them) put in cluster
+    order, in whatever order the file has them; other names keep the file's order."""
+    named = [f"cluster_{c}" for c in range(len(domains))]
+    return W[:, [domains.index(c) for c in named]] if set(domains) == set(named) else W
+
+
 def target_values(swarm: Swarm, column: str) -> np.ndarray:
     """The metric column as float64; ValueError if missing, non-numeric or with NaN."""
     if column not in swarm.metrics.columns:
