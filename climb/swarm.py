@@ -78,12 +78,15 @@ def _weights(df: pd.DataFrame, key: str, path, tol: float) -> tuple[list[str], n
     domains = [c for c in df.columns if c != key]
     if not domains:
         raise ValueError(f"weights file {path}: no weight columns besides {key!r}; add one column per domain")
+    keys = df[key].to_numpy()
     bad = [c for c in domains if not pd.api.types.is_numeric_dtype(df[c])]
     if bad:
-        raise ValueError(f"weights file {path}: non-numeric weight columns {bad[:5]}; every column except "
-                         f"{key!r} must be a domain's weight")
+        cells = [(keys[i], c, df[c].iloc[i]) for c in bad
+                 for i in np.flatnonzero(pd.to_numeric(df[c], errors="coerce").isna() & df[c].notna())]
+        shown = "; ".join(f"{key} {k}, column {c}: {v!r}" for k, c, v in cells[:3])
+        raise ValueError(f"weights file {path}: non-numeric weight columns {bad[:5]} ({len(cells)} cells are not "
+                         f"numbers: {shown}); every column except {key!r} must be a domain's weight")
     W = df[domains].to_numpy(np.float64)
-    keys = df[key].to_numpy()
     for what, mask in (("NaN or infinite", ~np.isfinite(W)), ("negative", W < 0)):
         rows = np.flatnonzero(mask.any(1))
         if len(rows):
@@ -143,6 +146,11 @@ def target_values(swarm: Swarm, column: str) -> np.ndarray:
         raise ValueError(f"metrics file {swarm.metrics_path}: no column {column!r}; available: "
                          f"{', '.join(map(str, swarm.metrics.columns))}")
     y = pd.to_numeric(swarm.metrics[column], errors="coerce").to_numpy(np.float64)
+    inf = np.flatnonzero(np.isinf(y))
+    if len(inf):
+        raise ValueError(f"metrics file {swarm.metrics_path}: column {column!r} has {len(inf)} infinite values "
+                         f"(keys {', '.join(swarm.keys[i] for i in inf[:5])}; a diverged run?); drop those rows "
+                         f"from both files or replace the values")
     bad = np.flatnonzero(~np.isfinite(y))
     if len(bad):
         raise ValueError(f"metrics file {swarm.metrics_path}: column {column!r} has {len(bad)} NaN, empty or "
