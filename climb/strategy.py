@@ -10,12 +10,14 @@
   every result so far and choose by the strategy's acquisition: ``explore`` (the
   best predicted plus a fixed share of far-away ones, `climb.predictor.propose`) or
   one that uses the predictor's uncertainty (``thompson``, ``ei``, ``ucb``:
-  `climb.acquisition`). Mixtures already measured are never proposed again.
-- `final_pick(X_seen, y_seen, goal, pool, strategy, seed)`: ``predicted`` (the
-  best predicted of the pool and the measured mixtures; the mean of the top k if
-  `final_top_k` > 1), ``seen`` (the best measured) or ``measured-predicted`` (the
-  measured mixture the predictor rates best: a measured mixture, but not one chosen
-  for a lucky draw of proxy noise alone).
+  `climb.acquisition`); with `exploit_last`, the last iteration takes the best
+  predicted alone, since its results only serve the final pick. Mixtures already
+  measured are never proposed again.
+- `final_pick(X_seen, y_seen, goal, pool, strategy, seed)`: ``seen`` (the best
+  measured), ``measured-predicted`` (the measured mixture the predictor rates best:
+  less swayed by one lucky draw of proxy noise) or ``predicted`` (the best
+  predicted of the pool and the measured mixtures; the mean of the top k if
+  `final_top_k` > 1).
 - `simulate(...)`: a whole search over a finite pool whose every result is known,
   the measurement being a table look-up.
 
@@ -47,7 +49,7 @@ class Strategy:
     # or from the predictor's uncertainty: "thompson", "ei", "ucb".
     acquisition: str = "ei"
     explore_frac: float = 0.25
-    final: str = "measured-predicted"
+    final: str = "seen"
     final_top_k: int = 1
     # Proposals keep at least this L1 distance from each other and from measured mixtures.
     min_l1: float = 0.05
