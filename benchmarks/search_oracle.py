@@ -154,14 +154,17 @@ def run_cell(pool, budget, strategy, schedule_of, repeats: int, noise: float, ex
     schedule = schedule_of(budget)
     tasks = [(*pool, schedule, strategy, seed, noise) for seed in range(repeats)]
     runs = list(ex.map(_one, tasks)) if ex else [_one(t) for t in tasks]
-    return {**summarise(runs), "schedule": list(schedule), "strategy": asdict(strategy), "runs": runs}
+    # Per-seed results as columns (the paired comparisons need them), rounded: the file stays small.
+    cols = {"seed": [r["seed"] for r in runs], "regret": [round(r["regret"], 6) for r in runs],
+            "rank": [r["rank"] for r in runs]}
+    return {**summarise(runs), "schedule": list(schedule), "strategy": asdict(strategy), "runs": cols}
 
 
 def paired(c: dict, ref: dict | None):
     """Mean regret difference c - ref over the seeds both ran (same seed: same first random batch), 95% CI."""
     if ref is None or ref is c:
         return None
-    a, b = ({r["seed"]: r["regret"] for r in x["runs"]} for x in (c, ref))
+    a, b = (dict(zip(x["runs"]["seed"], x["runs"]["regret"])) for x in (c, ref))
     d = np.array([a[k] - b[k] for k in sorted(set(a) & set(b))])
     return (float(d.mean()), float(1.96 * d.std(ddof=1) / np.sqrt(len(d)))) if len(d) > 1 else None
 
@@ -294,16 +297,23 @@ def main() -> int:
     res["pool"] = {"files": "regmix {train,test}_mixture_1m.csv + *_pile_loss_1m.csv", "mixtures": len(pool[0])}
     res.setdefault("runs_wall_s", []).append({"args": sys.argv[1:], "seconds": round(time.time() - t_all, 1)})
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(res, indent=1))
+    args.out.write_text(_dump(res))
     print(markdown(new))
     print("\n".join(goal_check(new)))
     if any(c["name"] in ABLATION for c in res["cells"]):
         res["select"] = sel = select(res["cells"])
-        args.out.write_text(json.dumps(res, indent=1))
+        args.out.write_text(_dump(res))
         print(f"\nselection rule on pile_cc: winner {sel['winner']!r}; climb's default is "
               f"{'' if sel['default_is_winner'] else 'NOT '}that variant")
     print(f"\nwall time {time.time() - t_all:.0f} s")
     return 0
+
+
+def _dump(res: dict) -> str:
+    """One line per cell: readable in a diff, without a line per repeat."""
+    cells = ",\n  ".join(json.dumps(c) for c in res["cells"])
+    rest = json.dumps({k: v for k, v in res.items() if k != "cells"}, indent=1)
+    return "{\n \"cells\": [\n  " + cells + "\n ],\n" + rest[2:]
 
 
 class _Nothing:
