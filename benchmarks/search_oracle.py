@@ -221,7 +221,8 @@ def select(cells: list[dict], target: str = "pile_cc", tol: float = 0.0005) -> d
         d = {b: paired(rows[b], _find(cells, BEFORE, rows[b])) for b in budgets}
         better = any(m + h < 0 for m, h in d.values())
         not_worse = all(m <= tol for m, _ in d.values())
-        verdict[name] = {"passes": better and not_worse, "sum_mean_regret": sum(r["mean_regret"] for r in rows.values()),
+        verdict[name] = {"passes": better and not_worse,
+                         "sum_mean_regret": sum(r["mean_regret"] for r in rows.values()),
                          "paired_delta": {"→".join(map(str, b)): d[b] for b in budgets}}
     passing = [n for n, v in verdict.items() if v["passes"]]
     winner = min(passing, key=lambda n: verdict[n]["sum_mean_regret"]) if passing else BEFORE

@@ -143,7 +143,8 @@ def test_cli_propose_writes_a_weights_csv(tmp_path, capsys, acquisition):
     out = tmp_path / "next.csv"
     rc = cli_main(["predictor", "propose", "--weights", str(w), "--metrics", str(m), "--target", "loss",
                    "--goal", "minimize", "--n", "6", "--out", str(out), "--prior", str(prior), "--pool", "3000",
-                   "--model", "gp", "--seed", "1"] + (["--acquisition", acquisition] if acquisition != "default" else []))
+                   "--model", "gp", "--seed", "1"]
+                  + (["--acquisition", acquisition] if acquisition != "default" else []))
     assert rc == 0
     info = json.loads(capsys.readouterr().out)
     s = read_swarm(out, info["predicted"])
