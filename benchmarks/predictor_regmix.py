@@ -54,6 +54,7 @@ log = logging.getLogger("predictor_regmix")
 def candidates(seed=0) -> dict:
     gp = lambda **kw: (lambda: GPPredictor(seed=seed, **kw))  # noqa: E731
     lgbm = lambda: LightGBMPredictor(seed=seed)  # noqa: E731
+    trees = lambda: LightGBMPredictor(seed=seed, min_child_samples=20)  # noqa: E731  (the default's trees)
     return {
         "lightgbm": lgbm,
         "lightgbm-log": lambda: LightGBMPredictor(seed=seed, log_features=True),
@@ -64,8 +65,8 @@ def candidates(seed=0) -> dict:
         "gp-linear": gp(linear=True),
         "gp-eps1e-4": gp(eps=1e-4),
         "gp-eps1e-2": gp(eps=1e-2),
-        "blend-0.5": lambda: BlendPredictor(gp(), lgbm, grid=(0.5,), seed=seed, name="blend-0.5"),
-        "blend-cv": lambda: BlendPredictor(gp(), lgbm, seed=seed, name="blend-cv"),
+        "blend-0.5": lambda: BlendPredictor(gp(), trees, grid=(0.5,), seed=seed, name="blend-0.5"),
+        "blend-cv": lambda: BlendPredictor(gp(), trees, seed=seed, name="blend-cv"),
     }
 
 

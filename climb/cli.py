@@ -26,7 +26,9 @@ from .stage import STAGES
 
 
 def _setup_logging(verbose: int) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose > 1 else logging.INFO,
+    # Stages log their steps by default (-v is 1); `climb predictor` prints JSON and logs only with -v.
+    level = logging.DEBUG if verbose > 1 else logging.INFO if verbose == 1 else logging.WARNING
+    logging.basicConfig(level=level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("faiss", "sentence_transformers", "httpx", "distributed", "urllib3", "filelock",
                   "huggingface_hub", "transformers"):

@@ -117,6 +117,12 @@ class ProxyConfig:
     # (a stacked model of n proxies gets n times the limit). Either way the proxy
     # is recorded as failed.
     timeout_s: float = 0.0
+    # A look-up instead of training: the metrics CSV of a swarm whose results are
+    # known (e.g. a released one), joined on `lookup_key` with its weights CSV
+    # `lookup_weights`. A mixture the table does not hold fails as a proxy would.
+    lookup: str = ""
+    lookup_weights: str = ""
+    lookup_key: str = "index"
 
 
 @dataclass(frozen=True)
@@ -137,8 +143,10 @@ class TargetConfig:
 
 @dataclass(frozen=True)
 class SearchConfig:
-    # Proxies per iteration: the paper runs 64 -> 32 -> 16.
-    iterations: tuple[int, ...] = (16, 8, 4)
+    # Proxies per iteration: the paper runs 64 -> 32 -> 16. With 28 proxies, a smaller
+    # first (random) round and one more adaptive round did better than 16 -> 8 -> 4
+    # (benchmarks/search_oracle.py --splits); each round costs one more wait for proxies.
+    iterations: tuple[int, ...] = (8, 8, 8, 4)
     # Dirichlet around token shares**temperature, at these concentrations (multiplied by
     # #clusters). Low values give sparse mixtures that explore far from the prior.
     temperature: float = 0.5
@@ -150,9 +158,26 @@ class SearchConfig:
     # Mixtures closer than this (L1) to one already chosen are dropped.
     dedup_l1: float = 0.05
     pool_size: int = 100_000
+    # A fixed candidate set instead of the Dirichlet pool: a weights CSV in the swarm
+    # layout (key column `candidates_key` + one column per cluster, named cluster_<i>
+    # or in cluster order). The search then proposes and picks only from these rows,
+    # the first iteration taking a random sample of them.
+    candidates: str = ""
+    candidates_key: str = "index"
+    # How iterations after the first choose among the candidates (climb/strategy.py):
+    # "ei" (expected improvement), "ucb" or "thompson", from the GP's uncertainty, or
+    # "explore": the best predicted plus `explore_frac` of far-away ones. Chosen by
+    # benchmarks/search_oracle.py (BENCHMARKS.md).
+    acquisition: str = "ei"
     explore_frac: float = 0.25
+    # The last iteration measures the best predicted mixtures, no exploration: its
+    # results only serve the final pick.
+    exploit_last: bool = True
     predictor: str = "default"
-    # Final mixture: the best predicted one, or the mean of the top k.
+    # Final mixture: "seen" (the best measured), "measured-predicted" (the measured
+    # mixture the predictor rates best) or "predicted" (the best predicted of a fresh
+    # pool and the measured mixtures; with final_top_k > 1, the mean of the top k).
+    final: str = "seen"
     final_top_k: int = 1
     seed: int = 0
     # Seeds for the final comparison proxies (eval_seed, eval_seed + 1, ...); the
@@ -340,6 +365,16 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"export.long_docs must be 'truncate' or 'skip', got {cfg.export.long_docs!r}")
     if cfg.proxy.command:
         check_command(cfg.proxy.command)
+    if bool(cfg.proxy.lookup) != bool(cfg.proxy.lookup_weights):
+        raise ConfigError("proxy.lookup (metrics CSV) and proxy.lookup_weights (weights CSV) go together; set both")
+    from .strategy import from_search_config  # numpy-heavy; only needed here
+    try:
+        from_search_config(cfg.search)
+    except ValueError as e:
+        raise ConfigError(f"search: {e}") from None
+    if cfg.search.candidates and cfg.search.final_top_k > 1:
+        raise ConfigError("search.final_top_k > 1 averages mixtures, which leaves the candidate set "
+                          "search.candidates; use 1")
 
 
 def _at_least(cfg: RunConfig, low: float, *names: str) -> None:

@@ -45,11 +45,13 @@ def cpu_has_bf16() -> bool:
 def proxy_processes(proxy_cfg, executor_cfg) -> int:
     """Local worker processes for proxy runs: `executor.processes`, or (0) one per available
     core when the built-in trainer runs on a CPU; one otherwise (a GPU, an external
-    command, or Dask, which has workers of its own)."""
+    command, a table look-up, or Dask, which has workers of its own)."""
     if executor_cfg.kind == "dask" or executor_cfg.dask_address:
         return 1
     if executor_cfg.processes > 0:
         return executor_cfg.processes
+    if getattr(proxy_cfg, "lookup", ""):
+        return 1  # a look-up is instant; worker processes would only cost their start-up
     if proxy_cfg.command or resolve_device(proxy_cfg.device) != "cpu":
         return 1
     from .workers import cpu_slots

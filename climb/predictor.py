@@ -4,17 +4,21 @@ A predictor maps mixture weights (rows summing to 1) to the raw metric a proxy
 reached; callers handle the goal (minimize/maximize). Names (`make_predictor`):
 
 - ``default``: a Gaussian process (ARD Matern-5/2 on standardised log weights)
-  blended with plain LightGBM, the blend weight chosen at every fit by inner 5-fold
-  CV (pooled out-of-fold Spearman) on the results given, so a swarm whose response
-  is not smooth falls back to the trees; below 10 results, the GP alone. Chosen by
+  blended with LightGBM (1,000 trees, learning rate 0.01, the library's other
+  defaults), the blend weight chosen at every fit by inner 5-fold CV (pooled
+  out-of-fold Spearman) on the results given, so a swarm whose response is not
+  smooth falls back to the trees; below 10 results (and while the trees cannot
+  split, below 40), the GP alone. Chosen by
   CV on RegMix's *training* runs only: ``benchmarks/predictor_regmix.py --select``.
 - ``gp``: the Gaussian process alone.
-- ``lightgbm``: plain LightGBM, 1,000 trees, learning rate 0.01, otherwise defaults.
+- ``lightgbm``: plain LightGBM, 1,000 trees, learning rate 0.01, otherwise defaults
+  except ``min_child_samples`` scaled to the rows given (n // 10 within [2, 20], the
+  library's 20 from 200 rows on), so that it can split on a small swarm.
 - ``lightgbm-log``: the same on weights plus log weights.
 - ``linear``: least squares on the weights.
 
-The search step: `sample_candidates` (Dirichlet pool around a prior), `propose`
-(best predicted, diverse, plus exploration) and `best_mixture`.
+The search step: `sample_candidates` (Dirichlet pool around a prior; `climb.candidates`),
+`propose` (best predicted, diverse, plus exploration) and `best_mixture`.
 
     from climb.predictor import make_predictor, rank_metrics
     m = make_predictor("default").fit(X_train, y_train)
@@ -31,6 +35,8 @@ from scipy.optimize import minimize
 from scipy.spatial import cKDTree
 from scipy.stats import pearsonr, spearmanr
 from threadpoolctl import threadpool_limits
+
+from .candidates import dedupe, sample_candidates  # noqa: F401  (the search step's pool, re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +137,8 @@ class GPPredictor:
                 L, info = lapack.dpotrf(K + KL + (self.sn + jitter) * np.eye(n), lower=1)
                 if not info:
                     break
-            self._F, self._alpha = F, cho_solve((L, True), yz)
+            # L is kept for the posterior variance (climb.acquisition)
+            self._F, self._alpha, self._L = F, cho_solve((L, True), yz), L
         return self
 
     def predict(self, X):
@@ -142,6 +149,11 @@ class GPPredictor:
                 K, _, KL = self._gram(Q[i:i + 20_000], self._F, self.ls, self.s2, self.s_lin)
                 means.append((K + KL) @ self._alpha)
         return np.concatenate(means) * self.ys + self.ym
+
+
+def min_child_samples(n: int) -> int:
+    """Plain LightGBM's leaf minimum for n rows: n // 10 within [2, 20] (20 is the library default)."""
+    return int(np.clip(n // 10, 2, 20))
 
 
 class LightGBMPredictor:
@@ -158,7 +170,12 @@ class LightGBMPredictor:
 
     def fit(self, X, y):
         import lightgbm as lgb
-        self.model = lgb.LGBMRegressor(**self.params).fit(self._features(X), np.asarray(y, float))
+        y = np.asarray(y, float)
+        # LightGBM's min_child_samples=20 cannot split below 40 rows: the fit is then one
+        # constant. Scaled to n (n // 10, between 2 and 20) it splits on small swarms and
+        # is the library default from 200 rows on.
+        params = {"min_child_samples": min_child_samples(len(y)), **self.params}
+        self.model = lgb.LGBMRegressor(**params).fit(self._features(X), y)
         return self
 
     def predict(self, X):
@@ -177,8 +194,14 @@ class LinearPredictor:
         return np.asarray(X, float) @ self.coef
 
 
+def is_constant(v) -> bool:
+    """All values equal up to rounding (a least-squares fit of a constant target differs by ~1e-16)."""
+    v = np.asarray(v, float)
+    return bool(np.ptp(v) <= 1e-12 * max(1.0, float(np.max(np.abs(v)))))
+
+
 def _spearman(a, b) -> float:
-    return float("nan") if np.ptp(a) == 0 or np.ptp(b) == 0 else float(spearmanr(a, b).statistic)
+    return float("nan") if is_constant(a) or is_constant(b) else float(spearmanr(a, b).statistic)
 
 
 class BlendPredictor:
@@ -223,8 +246,11 @@ class BlendPredictor:
 def _registry(seed: int) -> dict:
     gp = lambda: GPPredictor(seed=seed)  # noqa: E731
     lgbm = lambda: LightGBMPredictor(seed=seed)  # noqa: E731
+    # The default's trees keep the library's min_child_samples=20, as when it was selected
+    # (`predictor_regmix.py --select`); scaled, they took weight from the GP at 16 runs and ranked worse.
+    trees = lambda: LightGBMPredictor(seed=seed, min_child_samples=20)  # noqa: E731
     return {
-        "default": lambda: BlendPredictor(gp, lgbm, seed=seed, name="default"),
+        "default": lambda: BlendPredictor(gp, trees, seed=seed, name="default"),
         "gp": gp,
         "lightgbm": lgbm,
         "lightgbm-log": lambda: LightGBMPredictor(seed=seed, log_features=True, name="lightgbm-log"),
@@ -255,98 +281,19 @@ def rank_metrics(y_true, y_pred, goal: str) -> dict:
     top1_regret: true value of the predicted-best item minus the true best, in the
     metric's units, oriented so that it is >= 0 (0 = the predicted best is the true best).
     top1_rank: 1 + how many items are truly strictly better than the predicted best.
+    A constant prediction picks no item: `constant_prediction` is True, and Spearman,
+    Pearson, top1_regret and top1_rank are NaN / None.
     """
     y_true, y_pred, s = np.asarray(y_true, float), np.asarray(y_pred, float), goal_sign(goal)
-    pick = int(np.argmin(s * y_pred))
-    pearson = float(pearsonr(y_true, y_pred).statistic) if np.ptp(y_pred) > 0 and np.ptp(y_true) > 0 else float("nan")
-    return {"spearman": _spearman(y_true, y_pred), "pearson": pearson,
-            "top1_regret": float(s * y_true[pick] - np.min(s * y_true)),
-            "top1_rank": int(1 + np.sum(s * y_true < s * y_true[pick])), "n": int(y_true.size)}
-
-
-def _cap(W: np.ndarray, max_weight: np.ndarray, iters: int = 50) -> np.ndarray:
-    """Clip to per-domain caps and hand the excess to uncapped domains pro rata (water filling)."""
-    for _ in range(iters):
-        over = W > max_weight
-        if not over.any():
-            break
-        excess = np.where(over, W - max_weight, 0.0).sum(1, keepdims=True)
-        W = np.minimum(W, max_weight)
-        room = np.where(W < max_weight, W, 0.0)
-        W = W + excess * room / np.maximum(room.sum(1, keepdims=True), 1e-300)
-    return W
-
-
-def _close_pairs(W: np.ndarray, r: float) -> np.ndarray:
-    """All (i, j), i < j, with L1(W[i], W[j]) < r. A projection on u in [-1, 1]^d never
-    exceeds the L1 distance, so after sorting by it only a short window needs checking
-    (a KD-tree in 17 dimensions took 4 s for 100k rows, this takes a fraction of that)."""
-    proj = W @ np.random.default_rng(0).uniform(-1, 1, (W.shape[1], 3))
-    order = np.argsort(proj[:, 0], kind="stable")
-    ps, p1, p2, Ws = proj[order, 0], proj[order, 1], proj[order, 2], W[order]
-    active, out, k = np.arange(len(W)), [], 1
-    while len(active):
-        i = active[active + k < len(W)]
-        i = i[ps[i + k] - ps[i] < r]  # sorted: once out of the window, farther offsets are too
-        c = i[(np.abs(p1[i + k] - p1[i]) < r) & (np.abs(p2[i + k] - p2[i]) < r)]  # cheap 1-D filters first
-        close = c[np.abs(Ws[c + k] - Ws[c]).sum(1) < r]
-        out.append(np.sort(np.stack([order[close], order[close + k]], 1), axis=1))
-        active, k = i, k + 1
-    return np.concatenate(out) if out else np.empty((0, 2), int)
-
-
-def dedupe(W: np.ndarray, min_l1: float) -> np.ndarray:
-    """Keep rows in order, dropping any within L1 distance < min_l1 of a kept earlier row."""
-    if len(W) < 2 or min_l1 <= 0:
-        return W
-    W = W[np.sort(np.unique(np.round(W, 6), axis=0, return_index=True)[1])]  # exact repeats first: cheap
-    pairs = _close_pairs(W, min_l1)
-    keep = np.ones(len(W), bool)
-    for i, j in pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]:
-        if keep[i] and keep[j]:  # pairs sorted by i: i's own fate is already settled
-            keep[j] = False
-    return W[keep]
-
-
-def sample_candidates(prior: np.ndarray, n: int, rng: np.random.Generator, concentrations=None,
-                      temperature: float = 1.0, min_weight: float = 0.0, max_weight: np.ndarray | None = None,
-                      dedupe_l1: float = 1e-3) -> np.ndarray:
-    """Up to n distinct mixtures from Dirichlet(c * p), p = prior**temperature renormalised.
-
-    `concentrations` are total concentrations c (sum of the Dirichlet's alphas), mixed in
-    equal shares; default d * (0.5, 1, 4) for d domains. Domains with prior 0 stay 0.
-    Weights below `min_weight` are zeroed, then rows are capped at `max_weight` (water
-    filling; rows that cannot satisfy the caps are dropped), then near-duplicates
-    (L1 < dedupe_l1) are dropped, so fewer than n rows may come back.
-    """
-    prior = np.asarray(prior, float)
-    if prior.ndim != 1 or (prior < 0).any() or prior.sum() <= 0:
-        raise ValueError("prior must be a non-negative weight vector with a positive sum")
-    d, p = prior.size, prior ** temperature
-    p, support = p / p.sum(), p > 0
-    conc = tuple(concentrations) if concentrations is not None else (0.5 * d, 1.0 * d, 4.0 * d)
-    if max_weight is not None:
-        max_weight = np.broadcast_to(np.asarray(max_weight, float), (d,))
-        if max_weight[support].sum() < 1 - 1e-9:
-            raise ValueError(f"the caps max_weight sum to {max_weight[support].sum():.3f} < 1: no mixture fits")
-    out, have = np.empty((0, d)), 0
-    for _ in range(5):  # rounds of oversampling until dedupe/rejection leave n rows
-        m = max(int(1.3 * (n - have)), 16)
-        S = np.vstack([rng.dirichlet(np.maximum(c * p[support], 1e-3), size=-(-m // len(conc))) for c in conc])
-        W = np.zeros((len(S), d))
-        W[:, support] = S
-        W[W < min_weight] = 0.0
-        W = W[W.sum(1) > 0]
-        W /= W.sum(1, keepdims=True)
-        if max_weight is not None:
-            W = _cap(W, max_weight)
-            W = W[(W <= max_weight + 1e-9).all(1) & np.isclose(W.sum(1), 1.0)]
-        out = dedupe(np.vstack([out, W[rng.permutation(len(W))]]), dedupe_l1)
-        if (have := len(out)) >= n:
-            break
-    if have < n:
-        log.warning("sample_candidates: only %d distinct mixtures of %d asked for", have, n)
-    return out[:n]
+    out = {"spearman": _spearman(y_true, y_pred), "pearson": float("nan"), "top1_regret": float("nan"),
+           "top1_rank": None, "n": int(y_true.size), "constant_prediction": is_constant(y_pred)}
+    if not out["constant_prediction"]:
+        pick = int(np.argmin(s * y_pred))
+        out.update(top1_regret=float(s * y_true[pick] - np.min(s * y_true)),
+                   top1_rank=int(1 + np.sum(s * y_true < s * y_true[pick])))
+        if not is_constant(y_true):
+            out["pearson"] = float(pearsonr(y_true, y_pred).statistic)
+    return out
 
 
 def propose(X_seen, y_seen, goal: str, candidates: np.ndarray, n: int, predictor_name: str = "default",

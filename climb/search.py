@@ -138,6 +138,38 @@ def _candidates(cfg: RunConfig, space: dict, n: int, seed: int) -> np.ndarray:
                              max_weight=space["max_weight"])
 
 
+def fixed_candidates(cfg: RunConfig, space: dict) -> np.ndarray | None:
+    """The rows of `search.candidates` (None when unset) the proxies can train on, in file order.
+
+    Columns named cluster_<i> are matched by name, others taken in cluster order. Rows
+    that put weight on a cluster too small for one proxy sequence and exact repeats are
+    dropped, and said so.
+    """
+    from .swarm import cluster_order, read_weights
+    if not cfg.search.candidates:
+        return None
+    path, k = cfg.search.candidates, len(space["natural"])
+    try:
+        _, domains, W = read_weights(path, key=cfg.search.candidates_key)
+    except ValueError as e:
+        raise InputError(f"search.candidates: {e}") from None
+    if len(domains) != k:
+        raise InputError(f"search.candidates {path}: {len(domains)} weight columns, but the run has {k} clusters; "
+                         f"give one column per cluster (cluster_0 .. cluster_{k - 1})")
+    W = cluster_order(domains, W)
+    keep = (W[:, ~space["usable"]] == 0).all(1)
+    if not keep.all():
+        log.warning("search.candidates: dropped %d of %d rows that weight clusters with too few tokens for a "
+                    "proxy (clusters %s)", int((~keep).sum()), len(W), np.flatnonzero(~space["usable"]).tolist())
+    W = W[keep]
+    first = np.sort(np.unique(W, axis=0, return_index=True)[1])
+    if len(first) < len(W):
+        log.warning("search.candidates: dropped %d repeated rows", len(W) - len(first))
+    if not len(first):
+        raise InputError(f"search.candidates {path}: no usable candidate left")
+    return W[first]
+
+
 def _ok_sorted(results: list[dict]) -> list[dict]:
     """Successful results in mixture-id order: the predictor sees the same rows in
     the same order whatever order the proxies finished in (in-process, Dask, resumed)."""
@@ -146,24 +178,23 @@ def _ok_sorted(results: list[dict]) -> list[dict]:
 
 def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: list[dict]) -> dict:
     """The mixtures of iteration `it` (saved, so a resumed search trains the same ones)."""
-    from .predictor import propose
+    from .strategy import from_search_config, plan as plan_indices
     plan_file = paths.root / "search" / f"plan_{it}.json"
     if plan_file.exists():
         return read_json(plan_file)
     sc = cfg.search
     n = sc.iterations[it]
-    pool = _candidates(cfg, space, sc.pool_size if it else max(n * 20, 1000), sc.seed + 1000 * it)
+    fixed = fixed_candidates(cfg, space)
+    pool = fixed if fixed is not None else _candidates(cfg, space, sc.pool_size if it else max(n * 20, 1000),
+                                                       sc.seed + 1000 * it)
     ok = _ok_sorted(seen)
-    if it == 0 or len(ok) < 4:
-        weights, predicted = pool[:n], [None] * min(n, len(pool))
-    else:
-        X = np.array([r["weights"] for r in ok])
-        y = np.array([r["objective"] for r in ok])
-        weights, pred = propose(X, y, cfg.target.goal, pool, n, predictor_name=sc.predictor,
-                                seed=sc.seed + it, explore_frac=sc.explore_frac, min_l1=sc.dedup_l1)
-        predicted = [float(p) for p in pred]
-    plan = {"iteration": it, "mixtures": [{"mixture_id": f"it{it}-{j:03d}", "weights": np.asarray(w).tolist(),
-                                           "predicted": p} for j, (w, p) in enumerate(zip(weights, predicted))]}
+    X = np.array([r["weights"] for r in ok]).reshape(len(ok), pool.shape[1])
+    y = np.array([r["objective"] for r in ok])
+    # A drawn pool is in random order already; a fixed one is sampled from at random.
+    idx, predicted = plan_indices(it, n, X, y, cfg.target.goal, pool, from_search_config(sc), sc.seed,
+                                  shuffle=fixed is not None, last=it == len(sc.iterations) - 1)
+    plan = {"iteration": it, "mixtures": [{"mixture_id": f"it{it}-{j:03d}", "weights": pool[i].tolist(),
+                                           "predicted": p} for j, (i, p) in enumerate(zip(idx, predicted))]}
     write_json(plan_file, plan)
     return plan
 
@@ -198,20 +229,20 @@ def run_proxies(cfg: RunConfig, ex, tasks: list[dict], desc: str, on_record) -> 
 
 
 def final_mixture(cfg: RunConfig, space: dict, results: list[dict]) -> dict:
-    from .predictor import best_mixture, make_predictor
+    from .strategy import final_pick, from_search_config
     sc = cfg.search
     ok = _ok_sorted(results)
     if len(ok) < 2:
         raise RuntimeError(f"only {len(ok)} proxies succeeded; see {len(results)} records in search/results.jsonl")
     X = np.array([r["weights"] for r in ok])
     y = np.array([r["objective"] for r in ok])
-    model = make_predictor(sc.predictor, seed=sc.seed).fit(X, y)
-    pool = np.concatenate([_candidates(cfg, space, sc.pool_size, sc.seed + 99_991), X])
-    w = np.asarray(best_mixture(model, pool, cfg.target.goal, top_k=sc.final_top_k), dtype=np.float64)
-    w = np.where(space["usable"], w, 0.0)
+    fixed = fixed_candidates(cfg, space)
+    pool = fixed if fixed is not None else _candidates(cfg, space, sc.pool_size, sc.seed + 99_991)
+    pick = final_pick(X, y, cfg.target.goal, pool, from_search_config(sc), sc.seed)
+    w = np.where(space["usable"], pick["weights"], 0.0)
     w /= w.sum()
     best_seen = ok[int(np.argmin(goal_sign(cfg.target.goal) * y))]
-    return {"weights": w.tolist(), "predicted": float(model.predict(w[None])[0]), "predictor": model.name,
+    return {"weights": w.tolist(), "predicted": pick["predicted"], "predictor": pick["predictor"],
             "best_seen": {"mixture_id": best_seen["mixture_id"], "objective": best_seen["objective"]}}
 
 
@@ -344,14 +375,22 @@ def _quality(cfg: RunConfig, results: list[dict], reps: dict, runs: dict, oof: l
 
 def one_shot(cfg: RunConfig, paths: RunPaths, ex, space: dict, results: list[dict]) -> list[float]:
     """RegMix's way at the search's budget: sum(iterations) mixtures from the initial distribution
-    (the first ones are iteration 1's, already trained), the predictor fitted once, its best taken."""
+    (the first ones are iteration 1's, already trained), the predictor fitted once, and the best
+    predicted mixture of a fresh pool taken, whatever `search.final` says for climb's own pick.
+    With `search.candidates`, the mixtures and the pick come from the candidate set."""
+    from dataclasses import replace as dc_replace
+    from .strategy import final_pick, from_search_config
     sc = cfg.search
     total = sum(sc.iterations)
-    pool = _candidates(cfg, space, max(total * 20, 1000), sc.seed)[:total]
+    fixed = fixed_candidates(cfg, space)
+    if fixed is None:
+        pool = _candidates(cfg, space, max(total * 20, 1000), sc.seed)[:total]
+    else:  # iteration 1's random draw from the candidates (climb.strategy.plan, seed + 0), continued
+        pool = fixed[np.random.default_rng(sc.seed).permutation(len(fixed))[:total]]
     trained = {r["mixture_id"]: r for r in results if r["iteration"] == 0}
     out_file = paths.root / "search" / "one_shot.json"
     have = read_json(out_file) if out_file.exists() else {}
-    todo = [j for j in range(total)
+    todo = [j for j in range(len(pool))
             if f"it0-{j:03d}" not in trained and results_log.retry(have.get(f"oneshot-{j:03d}"), sc.retry_failed)]
     tasks = [_task(cfg, paths, f"oneshot-{j:03d}", -2, pool[j], sc.seed) for j in todo]
 
@@ -361,10 +400,21 @@ def one_shot(cfg: RunConfig, paths: RunPaths, ex, space: dict, results: list[dic
     if tasks:
         log.info("one-shot baseline: %d more proxies from the initial distribution", len(tasks))
         run_proxies(cfg, ex, tasks, "one-shot proxies", keep)
-    recs = [trained.get(f"it0-{j:03d}") or have[f"oneshot-{j:03d}"] for j in range(total)]
-    pick = final_mixture(cfg, space, recs)
-    write_json(paths.root / "search" / "one_shot_mixture.json", pick)
-    return pick["weights"]
+    recs = [trained.get(f"it0-{j:03d}") or have[f"oneshot-{j:03d}"] for j in range(len(pool))]
+    ok = _ok_sorted(recs)
+    if len(ok) < 2:
+        raise RuntimeError(f"one-shot baseline: only {len(ok)} of {len(recs)} proxies succeeded")
+    X = np.array([r["weights"] for r in ok])
+    y = np.array([r["objective"] for r in ok])
+    cand = fixed if fixed is not None else _candidates(cfg, space, sc.pool_size, sc.seed + 99_991)
+    strategy = dc_replace(from_search_config(sc), final="predicted", final_top_k=1)
+    pick = final_pick(X, y, cfg.target.goal, cand, strategy, sc.seed)
+    w = np.where(space["usable"], pick["weights"], 0.0)
+    w /= w.sum()
+    write_json(paths.root / "search" / "one_shot_mixture.json",
+               {"weights": w.tolist(), "predicted": pick["predicted"], "predictor": pick["predictor"],
+                "proxies": len(recs), "succeeded": len(ok)})
+    return w.tolist()
 
 
 def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict) -> dict:

@@ -78,12 +78,15 @@ def _weights(df: pd.DataFrame, key: str, path, tol: float) -> tuple[list[str], n
     domains = [c for c in df.columns if c != key]
     if not domains:
         raise ValueError(f"weights file {path}: no weight columns besides {key!r}; add one column per domain")
+    keys = df[key].to_numpy()
     bad = [c for c in domains if not pd.api.types.is_numeric_dtype(df[c])]
     if bad:
-        raise ValueError(f"weights file {path}: non-numeric weight columns {bad[:5]}; every column except "
-                         f"{key!r} must be a domain's weight")
+        cells = [(keys[i], c, df[c].iloc[i]) for c in bad
+                 for i in np.flatnonzero(pd.to_numeric(df[c], errors="coerce").isna() & df[c].notna())]
+        shown = "; ".join(f"{key} {k}, column {c}: {v!r}" for k, c, v in cells[:3])
+        raise ValueError(f"weights file {path}: non-numeric weight columns {bad[:5]} ({len(cells)} cells are not "
+                         f"numbers: {shown}); every column except {key!r} must be a domain's weight")
     W = df[domains].to_numpy(np.float64)
-    keys = df[key].to_numpy()
     for what, mask in (("NaN or infinite", ~np.isfinite(W)), ("negative", W < 0)):
         rows = np.flatnonzero(mask.any(1))
         if len(rows):
@@ -123,12 +126,31 @@ def read_swarm(weights_csv, metrics_csv, key: str = "index", tol: float = 1e-2, 
     return swarm
 
 
+def read_weights(weights_csv, key: str = "index", tol: float = 1e-2) -> tuple[list[str], list[str], np.ndarray]:
+    """Mixtures alone (a weights file without metrics, e.g. candidates): keys, domains, rows summing to 1."""
+    df = _read(weights_csv, key, "weights")
+    domains, W, _ = _weights(df, key, weights_csv, tol)
+    return list(df[key]), domains, W
+
+
+def cluster_order(domains: list[str], W: np.ndarray) -> np.ndarray:
+    """Columns named cluster_0 .. cluster_<k-1> (as `climb search` writes them) put in cluster
+    order, in whatever order the file has them; other names keep the file's order."""
+    named = [f"cluster_{c}" for c in range(len(domains))]
+    return W[:, [domains.index(c) for c in named]] if set(domains) == set(named) else W
+
+
 def target_values(swarm: Swarm, column: str) -> np.ndarray:
     """The metric column as float64; ValueError if missing, non-numeric or with NaN."""
     if column not in swarm.metrics.columns:
         raise ValueError(f"metrics file {swarm.metrics_path}: no column {column!r}; available: "
                          f"{', '.join(map(str, swarm.metrics.columns))}")
     y = pd.to_numeric(swarm.metrics[column], errors="coerce").to_numpy(np.float64)
+    inf = np.flatnonzero(np.isinf(y))
+    if len(inf):
+        raise ValueError(f"metrics file {swarm.metrics_path}: column {column!r} has {len(inf)} infinite values "
+                         f"(keys {', '.join(swarm.keys[i] for i in inf[:5])}; a diverged run?); drop those rows "
+                         f"from both files or replace the values")
     bad = np.flatnonzero(~np.isfinite(y))
     if len(bad):
         raise ValueError(f"metrics file {swarm.metrics_path}: column {column!r} has {len(bad)} NaN, empty or "

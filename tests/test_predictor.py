@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from climb.predictor import (PREDICTORS, best_mixture, dedupe, make_predictor, propose, rank_metrics,
-                             sample_candidates)
+from climb.predictor import (PREDICTORS, best_mixture, dedupe, make_predictor, min_child_samples, propose,
+                             rank_metrics, sample_candidates)
 
 OPT = np.array([0.55, 0.2, 0.1, 0.1, 0.05])  # the known optimum of the synthetic response
 
@@ -148,8 +148,27 @@ def test_default_falls_back_to_trees_on_a_step_response():
     assert smooth.alpha >= 0.5, smooth.cv_scores
 
 
+def test_plain_lightgbm_splits_on_small_swarms():
+    X, y = swarm(60, seed=11)
+    for n, least in ((8, 0.0), (16, 0.5), (32, 0.7)):
+        pred = make_predictor("lightgbm").fit(X[:n], y[:n]).predict(X[n:])
+        assert np.ptp(pred) > 0, n  # with the library's min_child_samples=20 this was one constant
+        assert rank_metrics(response(X[n:]), pred, "minimize")["spearman"] > least
+    assert [min_child_samples(n) for n in (3, 16, 56, 199, 200, 512)] == [2, 2, 5, 19, 20, 20]
+
+
+def test_constant_prediction_has_no_ranking():
+    y = np.array([3.0, 1.0, 2.0])
+    r = rank_metrics(y, np.full(3, 2.5), "minimize")
+    assert r["constant_prediction"] and r["top1_rank"] is None and np.isnan(r["top1_regret"])
+    # least squares on a constant target: equal up to rounding still counts as constant
+    r = rank_metrics(y, 2.5 + np.array([0.0, 4e-16, -4e-16]), "minimize")
+    assert r["constant_prediction"] and np.isnan(r["spearman"]) and np.isnan(r["pearson"])
+    assert not rank_metrics(y, np.array([1.0, 2.0, 2.0]), "minimize")["constant_prediction"]
+
+
 def test_default_is_the_smooth_model_when_trees_cannot_split():
-    X, y = swarm(30, seed=10)  # plain LightGBM needs 40 rows for one split
+    X, y = swarm(30, seed=10)  # the default's trees keep min_child_samples=20: 40 rows for one split
     m = make_predictor("default").fit(X, y)
     assert m.alpha == 1.0 and m.models[1] is None
     np.testing.assert_allclose(m.predict(X[:5]), make_predictor("gp").fit(X, y).predict(X[:5]))

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from climb import cluster, embed, search
@@ -120,3 +121,35 @@ def test_search_measures_its_noise_and_judges_with_paired_seeds(clustered):
     before = {f: (sdir / f).read_text() for f in ("comparison.json", "replicates.json", "one_shot.json")}
     search.run(cfg, paths)
     assert {f: (sdir / f).read_text() for f in before} == before
+
+
+def test_search_over_candidates_is_the_simulated_search(clustered, tmp_path):
+    """`search.candidates` + `proxy.lookup`: the search measures and picks only candidates,
+    exactly the ones `climb.strategy.simulate` (the oracle benchmark's loop) chooses."""
+    from climb.strategy import from_search_config, row_index, simulate
+    rng = np.random.default_rng(0)
+    X = rng.dirichlet(np.full(4, 0.7), 60)
+    y = np.array([_true(w) for w in X])
+    keys = [f"c{i}" for i in range(len(X))]
+    cols = [f"cluster_{c}" for c in (2, 0, 3, 1)]  # matched by name, not by position
+    wdf = pd.DataFrame(X[:, [2, 0, 3, 1]], columns=cols)
+    wdf.insert(0, "id", keys)
+    wdf.to_csv(tmp_path / "cand.csv", index=False)
+    pd.DataFrame({"id": keys, "loss": y}).to_csv(tmp_path / "cand_metrics.csv", index=False)
+    cfg, paths = clustered("minimize", "loss", "run-cand", extra=[
+        f'search.candidates="{tmp_path}/cand.csv"', 'search.candidates_key="id"', 'proxy.command=""',
+        f'proxy.lookup="{tmp_path}/cand_metrics.csv"', f'proxy.lookup_weights="{tmp_path}/cand.csv"',
+        'proxy.lookup_key="id"', "search.iterations=[8, 4, 4]", "search.baselines=[]", "search.eval_seeds=2",
+        'search.predictor="gp"'])
+    search.run(cfg, paths)
+    results = search.read_results(paths)
+    W = np.array([r["weights"] for r in results])
+    assert len(results) == 16 and all(r["status"] == "ok" for r in results)
+    idx = row_index(W, X)
+    assert (idx >= 0).all() and len(set(idx)) == 16  # only candidates, none twice
+    np.testing.assert_allclose([r["objective"] for r in results], y[idx])  # the look-up's values
+    final = json.loads((paths.root / "search" / "mixture.json").read_text())
+    pick = row_index(np.array([final["weights"]]), X, tol=1e-9)[0]
+    assert pick >= 0
+    sim = simulate(X, y, "minimize", (8, 4, 4), from_search_config(cfg.search), seed=cfg.search.seed)
+    assert sim["measured"] == list(idx) and sim["pick"] == pick

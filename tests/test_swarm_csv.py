@@ -136,19 +136,23 @@ def test_cli_errors_exit_2(tmp_path, capsys):
     assert rc == 2 and "no column 'nope'" in capsys.readouterr().err
 
 
-def test_cli_propose_writes_a_weights_csv(tmp_path, capsys):
+@pytest.mark.parametrize("acquisition", ["default", "explore"])
+def test_cli_propose_writes_a_weights_csv(tmp_path, capsys, acquisition):
     w, m, W, loss = make_swarm(tmp_path, 40, seed=3)
     prior = _write(tmp_path, "natural.csv", pd.DataFrame({"web": [0.5], "code": [0.3], "books": [0.2]}))
     out = tmp_path / "next.csv"
     rc = cli_main(["predictor", "propose", "--weights", str(w), "--metrics", str(m), "--target", "loss",
                    "--goal", "minimize", "--n", "6", "--out", str(out), "--prior", str(prior), "--pool", "3000",
-                   "--model", "gp", "--seed", "1"])
+                   "--model", "gp", "--seed", "1"]
+                  + (["--acquisition", acquisition] if acquisition != "default" else []))
     assert rc == 0
     info = json.loads(capsys.readouterr().out)
     s = read_swarm(out, info["predicted"])
     assert s.domains == DOMAINS and len(s) == 6
-    pred = target_values(s, "predicted:loss")
-    assert pred.min() <= loss.min() + 0.02  # proposes something at least about as good as the best seen
+    d = np.abs(s.weights[:, None] - s.weights[None]).sum(-1) + 9 * np.eye(6)
+    assert d.min() >= 0.05 - 1e-9 and np.abs(s.weights[:, None] - W[None]).sum(-1).min() >= 0.05 - 1e-9
+    if acquisition == "explore":  # its exploit slots: the best predicted, at least about as good as the best seen
+        assert target_values(s, "predicted:loss").min() <= loss.min() + 0.02
 
 
 @pytest.mark.skipif(not (SHARED / "swarms" / "regmix").is_dir(), reason="../shared/data not present")
@@ -178,3 +182,111 @@ def test_main_cli_has_the_predictor_group(tmp_path, capsys):
                    "--test-weights", str(w), "--test-metrics", str(m), "--target", "loss", "--goal", "minimize",
                    "--model", "linear"])
     assert rc == 0 and json.loads(capsys.readouterr().out)["n_test"] == 40
+
+
+def _evaluate(w, m, tw, tm, *extra):
+    return cli_main(["predictor", "evaluate", "--train-weights", str(w), "--train-metrics", str(m),
+                     "--test-weights", str(tw), "--test-metrics", str(tm), "--target", "loss", "--goal", "minimize",
+                     *extra])
+
+
+def test_cli_one_training_row_is_a_clear_error(tmp_path, capsys):
+    w, m, _, _ = make_swarm(tmp_path, 1, name="one")
+    tw, tm, _, _ = make_swarm(tmp_path, 10, name="test")
+    for model in ("lightgbm", "default"):
+        assert _evaluate(w, m, tw, tm, "--model", model) == 2
+        err = capsys.readouterr().err
+        assert "one_w.csv: 1 row(s); a predictor needs at least 2" in err and "Traceback" not in err
+
+
+def test_cli_constant_prediction_is_said_and_has_no_regret(tmp_path, capsys, caplog):
+    w, m, _, _ = make_swarm(tmp_path, 3, name="tiny")  # 3 rows: no split can leave 2 rows on each side
+    tw, tm, _, _ = make_swarm(tmp_path, 10, name="test")
+    assert _evaluate(w, m, tw, tm, "--model", "lightgbm") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["constant_prediction"] is True
+    assert out["spearman"] is None and out["top1_regret"] is None and out["top1_rank"] is None
+    assert "predicts one value" in caplog.text and "no top-1 regret" in caplog.text
+
+
+def test_cli_linear_on_a_constant_target(tmp_path, capsys, caplog, recwarn):
+    w, _, W, _ = make_swarm(tmp_path, 20)
+    m = _write(tmp_path, "const.csv", pd.DataFrame({"index": [f"r{i}" for i in range(20)], "loss": 2.5}))
+    tw, tm, _, _ = make_swarm(tmp_path, 10, name="test")
+    assert _evaluate(w, m, tw, tm, "--model", "linear") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["spearman"] is None and out["pearson"] is None and out["top1_regret"] is None
+    assert "is the same (2.5) in all 20 rows" in caplog.text
+    assert not [x for x in recwarn if "constant" in str(x.message).lower()]  # no raw scipy warning
+
+
+def test_cli_is_quiet_without_verbose(tmp_path):
+    import subprocess
+    import sys
+    w, m, W, loss = make_swarm(tmp_path, 30)
+    pd.DataFrame({"index": [f"r{i}" for i in range(30)], **{d: W[:, j].round(2) for j, d in enumerate(DOMAINS)}}
+                 ).to_csv(tmp_path / "rounded.csv", index=False)  # rows off 1 by rounding: an INFO line
+    cmd = [sys.executable, "-m", "climb.cli", "predictor", "evaluate", "--train-weights", str(tmp_path / "rounded.csv"),
+           "--train-metrics", str(m), "--test-weights", str(w), "--test-metrics", str(m), "--target", "loss",
+           "--goal", "minimize", "--model", "default"]
+    quiet = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert "INFO" not in quiet.stderr and json.loads(quiet.stdout)["n_train"] == 30
+    loud = subprocess.run(cmd + ["-v"], capture_output=True, text=True, check=True)
+    assert "renormalised" in loud.stderr and "blend weight" in loud.stderr
+
+
+def test_text_in_a_weight_cell_names_row_and_value(tmp_path):
+    wp = _write(tmp_path, "w.csv", pd.DataFrame({"index": ["a", "b", "c"], "web": ["0.5", "0,2", "1"],
+                                                 "code": [0.5, 0.8, 0.0]}))
+    mp = _write(tmp_path, "m.csv", pd.DataFrame({"index": ["a", "b", "c"], "loss": [1.0, 2.0, 3.0]}))
+    with pytest.raises(ValueError, match=r"w\.csv: non-numeric weight columns \['web'\] \(1 cells .*index b, "
+                                         r"column web: '0,2'"):
+        read_swarm(wp, mp)
+
+
+def test_infinite_target_is_called_infinite(tmp_path):
+    w, _, _, loss = make_swarm(tmp_path, 4)
+    mp = _write(tmp_path, "m.csv", pd.DataFrame({"index": ["r0", "r1", "r2", "r3"], "loss": [1.0, np.inf, 2.0, 3.0]}))
+    with pytest.raises(ValueError, match=r"'loss' has 1 infinite values \(keys r1"):
+        read_swarm(w, mp, target="loss")
+
+
+def test_domain_unused_in_training_is_warned(tmp_path, capsys, caplog):
+    w, m, W, loss = make_swarm(tmp_path, 40)
+    W0 = W.copy()
+    W0[:, 2] = 0.0  # "books" never trained on ...
+    W0 /= W0.sum(1, keepdims=True)
+    wp = _write(tmp_path, "w0.csv", pd.DataFrame({"index": [f"r{i}" for i in range(40)],
+                                                  **{d: W0[:, j] for j, d in enumerate(DOMAINS)}}))
+    tw, tm, _, _ = make_swarm(tmp_path, 10, name="test")  # ... but used by every test row
+    assert _evaluate(wp, m, tw, tm, "--model", "gp") == 0
+    assert "domain 'books' is 0 in every training row but not in 10 test rows" in caplog.text
+    caplog.clear()
+    assert _evaluate(w, m, tw, tm, "--model", "gp") == 0
+    assert "is 0 in every training row" not in caplog.text
+
+
+def test_cli_propose_from_candidates(tmp_path, capsys):
+    w, m, W, loss = make_swarm(tmp_path, 30, seed=5)
+    rng = np.random.default_rng(6)
+    C = np.vstack([W[:10], rng.dirichlet(np.ones(3), 40)])  # 10 already measured + 40 new
+    keys = [f"cand{i}" for i in range(len(C))]
+    cand = _write(tmp_path, "cand.csv", pd.DataFrame({"index": keys, "books": C[:, 2], "web": C[:, 0],
+                                                      "code": C[:, 1]}))  # other column order: matched by name
+    out = tmp_path / "next.csv"
+    for acq in ("thompson", "explore"):
+        rc = cli_main(["predictor", "propose", "--weights", str(w), "--metrics", str(m), "--target", "loss",
+                       "--goal", "minimize", "--n", "5", "--out", str(out), "--candidates", str(cand),
+                       "--model", "gp", "--acquisition", acq])
+        assert rc == 0
+        info = json.loads(capsys.readouterr().out)
+        s = read_swarm(out, info["predicted"])
+        assert info["pool"] == 40 and len(s) == 5 and len(set(s.keys)) == 5
+        for k, row in zip(s.keys, s.weights):
+            i = keys.index(k)
+            assert i >= 10  # never one already measured
+            np.testing.assert_allclose(row, C[i], atol=1e-9)  # the candidate itself, under its own key
+    bad = _write(tmp_path, "bad.csv", pd.DataFrame({"index": ["x"], "web": [0.5], "music": [0.5]}))
+    rc = cli_main(["predictor", "propose", "--weights", str(w), "--metrics", str(m), "--target", "loss",
+                   "--goal", "minimize", "--n", "1", "--out", str(out), "--candidates", str(bad)])
+    assert rc == 2 and "domains differ" in capsys.readouterr().err
