@@ -22,7 +22,9 @@ from typing import Any, get_type_hints
 @dataclass(frozen=True)
 class CorpusConfig:
     # Files to read: Parquet, JSON Lines (.jsonl/.json, optionally .gz/.zst), globs
-    # of them, or a folder written by `datasets.save_to_disk`. `{run}` is the run folder.
+    # of them, or a folder written by `datasets.save_to_disk`; local paths or fsspec
+    # URLs (s3://, gs://, hf://datasets/..., http(s)://), globs over them included.
+    # `{run}` is the run folder.
     paths: tuple[str, ...] = ("{run}/data/corpus/*.parquet",)
     # Build the embedded demo corpus into `{run}/data` first ("demo"), or nothing ("").
     build: str = ""
@@ -127,10 +129,10 @@ class ProxyConfig:
 
 @dataclass(frozen=True)
 class TargetConfig:
-    # Held-out text the model should be good at (files as in corpus.paths): bits per byte.
+    # Held-out text the model should be good at (files or URLs as in corpus.paths): bits per byte.
     texts: tuple[str, ...] = ()
     text_column: str = "text"
-    # Task files (JSON Lines, multiple choice or cloze), name -> path.
+    # Task files (JSON Lines, multiple choice or cloze), name -> path or URL.
     tasks: dict[str, str] = field(default_factory=dict)
     # Items per task used per proxy evaluation (0 = all).
     task_limit: int = 0
