@@ -213,6 +213,13 @@ class ExportConfig:
     long_docs: str = "truncate"
     # Warn when a cluster's realised weight differs from the weight asked for by more than this.
     weight_tolerance: float = 0.01
+    # Where the dataset goes: "" = <run>/export; or a folder or an fsspec URL
+    # (s3://bucket/prefix, gs://..., `{run}` = the run folder). The Parquet shards go
+    # under <destination>/data/, the blend files beside them naming the shards in
+    # full; each object is staged under <destination>/.climb-tmp/ and moved into
+    # place whole, the blend files last. <run>/export keeps the manifest and a copy
+    # of the blend files.
+    destination: str = ""
 
 
 @dataclass(frozen=True)
@@ -377,6 +384,14 @@ def validate(cfg: RunConfig) -> None:
     if cfg.search.candidates and cfg.search.final_top_k > 1:
         raise ConfigError("search.final_top_k > 1 averages mixtures, which leaves the candidate set "
                           "search.candidates; use 1")
+
+
+def check_run_dir(run_dir: str | Path) -> None:
+    """The run folder must be local (or mounted): it holds a lock, append-only logs and memory-mapped arrays."""
+    from .io import is_url
+    if is_url(str(run_dir)):
+        raise ConfigError(f"the run folder {run_dir} is a URL; it must be a local (or mounted) folder. The corpus "
+                          "and target may be URLs, and export.destination sends the dataset to an object store")
 
 
 def _at_least(cfg: RunConfig, low: float, *names: str) -> None:

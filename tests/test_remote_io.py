@@ -17,6 +17,7 @@ import pytest
 import zstandard
 
 from climb import remote
+from climb.cli import main
 from climb.config import TargetConfig
 from climb.io import InputError, fingerprint, is_url, read_documents, resolve_corpus_files, write_parquet
 from stores import http_root, upload  # noqa: F401 - a fixture
@@ -205,3 +206,8 @@ def test_http_glob_and_streaming_read(tmp_path, http_root, monkeypatch):
     with pytest.raises(InputError, match=f"{missing}: not found"):
         list(read_documents(missing))
 
+
+def test_run_folder_must_be_local(capsys):
+    assert main(["cluster", "--config", "pipelines/demo.toml", "--run", "s3://bucket/runs/demo"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "s3://bucket/runs/demo is a URL" in err and "export.destination" in err
