@@ -161,7 +161,16 @@ def expand(pattern: str, suffixes: tuple[str, ...]) -> list[str]:
                      if info.get("type", "file") != "directory" and not _hidden(p, base)]
         elif basename(path).lower().endswith(suffixes):
             # One file: an `info` (a HEAD), never a listing, which over http would fetch it.
-            files = [path] if fs.exists(path) else []
+            # Only "not found" means no file; any other failure is reported as it is.
+            try:
+                fs.info(path)
+                files = [path]
+            except FileNotFoundError as e:
+                cause = e.__cause__ or e.__context__  # fsspec's http reports any failure as not found
+                if isinstance(cause, OSError) and not isinstance(cause, FileNotFoundError):
+                    raise InputError(f"{pattern}: cannot reach it ({type(cause).__name__}: {_why(cause)}); "
+                                     f"check {_hint(pattern)}") from e
+                files = []
         elif fs.exists(join(path, "state.json")) and fs.exists(join(path, "dataset_info.json")):
             with fs.open(join(path, "state.json"), "rb") as fh:
                 state = json.load(fh)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
 import uuid
 
 import fsspec
@@ -205,6 +206,16 @@ def test_http_glob_and_streaming_read(tmp_path, http_root, monkeypatch):
         resolve_corpus_files([missing])
     with pytest.raises(InputError, match=f"{missing}: not found"):
         list(read_documents(missing))
+
+
+def test_unreachable_server_names_the_url():
+    pytest.importorskip("aiohttp")
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/corpus/a.parquet"
+    with pytest.raises(InputError, match=f"{url}: cannot reach it .*check the address"):
+        resolve_corpus_files([url])
 
 
 def test_run_folder_must_be_local(capsys):
