@@ -176,14 +176,14 @@ def expand(pattern: str, suffixes: tuple[str, ...]) -> list[str]:
                 state = json.load(fh)
             files = [join(path, f["filename"]) for f in state.get("_data_files", [])]
         else:
-            files = [p for p in fs.ls(path, detail=False)
-                     if fs.isfile(p) and not basename(p).startswith((".", "_"))] if fs.isdir(path) else []
+            files = [e["name"] for e in fs.ls(path, detail=True) if e.get("type") == "file"
+                     and not basename(e["name"]).startswith((".", "_"))] if fs.isdir(path) else []
         if not files:
             _check_bucket(pattern, fs, path)
-    return sorted(_url(fs, pattern, p) for p in files)
+    return sorted(_url(pattern, p) for p in files)
 
 
-def _url(fs, pattern: str, path: str) -> str:
+def _url(pattern: str, path: str) -> str:
     if "://" in path:  # http paths are URLs already
         return path
     return f"{protocol(pattern)}://{path}"

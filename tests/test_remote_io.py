@@ -97,6 +97,10 @@ def test_globs_folders_and_hidden_names(mem):
     assert resolve_corpus_files([f"{root}/corpus/a.parquet"], max_shards=1) == [found[0]]
     with pytest.raises(InputError, match="no corpus files match .*nothing"):
         resolve_corpus_files([f"{root}/nothing/*.parquet"])
+    # A folder means its visible files, as a local folder does.
+    for name in ("b.parquet", "a.parquet", ".a.parquet", "_SUCCESS"):
+        fs.pipe(f"{root}/folder/{name}".split("://")[1], _encode("x.parquet"))
+    assert [remote.basename(f) for f in resolve_corpus_files([f"{root}/folder"])] == ["a.parquet", "b.parquet"]
 
 
 def test_save_to_disk_folder_at_a_url(tmp_path, mem):
