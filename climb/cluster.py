@@ -65,7 +65,7 @@ def _quality(task: dict, ids: list[str]) -> np.ndarray | None:
     if kc.quality_fasttext:
         import fasttext
         model = fasttext.load_model(kc.quality_fasttext)
-    for b in read_documents(Path(task["path"]), cc.text_column, cc.id_column, extra, cc.batch_rows):
+    for b in read_documents(task["path"], cc.text_column, cc.id_column, extra, cc.batch_rows):
         seen += b.ids
         if kc.quality_column:
             scores += [float(x) if x is not None else float("nan") for x in b.extra[kc.quality_column]]
@@ -142,7 +142,7 @@ def finalise_shard(task: dict) -> dict:
     best: dict[int, list[tuple[float, str, str]]] = {}
     cc = task["corpus"]
     row = 0
-    for b in read_documents(Path(task["path"]), cc.text_column, cc.id_column, batch_rows=cc.batch_rows):
+    for b in read_documents(task["path"], cc.text_column, cc.id_column, batch_rows=cc.batch_rows):
         for doc_id, text in zip(b.ids, b.texts):
             cl = int(cluster[row])
             d = float(dist[row])

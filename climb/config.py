@@ -22,7 +22,9 @@ from typing import Any, get_type_hints
 @dataclass(frozen=True)
 class CorpusConfig:
     # Files to read: Parquet, JSON Lines (.jsonl/.json, optionally .gz/.zst), globs
-    # of them, or a folder written by `datasets.save_to_disk`. `{run}` is the run folder.
+    # of them, or a folder written by `datasets.save_to_disk`; local paths or fsspec
+    # URLs (s3://, gs://, hf://datasets/..., http(s)://), globs over them included.
+    # `{run}` is the run folder.
     paths: tuple[str, ...] = ("{run}/data/corpus/*.parquet",)
     # Build the embedded demo corpus into `{run}/data` first ("demo"), or nothing ("").
     build: str = ""
@@ -127,10 +129,10 @@ class ProxyConfig:
 
 @dataclass(frozen=True)
 class TargetConfig:
-    # Held-out text the model should be good at (files as in corpus.paths): bits per byte.
+    # Held-out text the model should be good at (files or URLs as in corpus.paths): bits per byte.
     texts: tuple[str, ...] = ()
     text_column: str = "text"
-    # Task files (JSON Lines, multiple choice or cloze), name -> path.
+    # Task files (JSON Lines, multiple choice or cloze), name -> path or URL.
     tasks: dict[str, str] = field(default_factory=dict)
     # Items per task used per proxy evaluation (0 = all).
     task_limit: int = 0
@@ -211,6 +213,13 @@ class ExportConfig:
     long_docs: str = "truncate"
     # Warn when a cluster's realised weight differs from the weight asked for by more than this.
     weight_tolerance: float = 0.01
+    # Where the dataset goes: "" = <run>/export; or a folder or an fsspec URL
+    # (s3://bucket/prefix, gs://..., `{run}` = the run folder). The Parquet shards go
+    # under <destination>/data/, the blend files beside them naming the shards in
+    # full; each object is staged under <destination>/.climb-tmp/ and moved into
+    # place whole, the blend files last. <run>/export keeps the manifest and a copy
+    # of the blend files.
+    destination: str = ""
 
 
 @dataclass(frozen=True)
@@ -375,6 +384,14 @@ def validate(cfg: RunConfig) -> None:
     if cfg.search.candidates and cfg.search.final_top_k > 1:
         raise ConfigError("search.final_top_k > 1 averages mixtures, which leaves the candidate set "
                           "search.candidates; use 1")
+
+
+def check_run_dir(run_dir: str | Path) -> None:
+    """The run folder must be local (or mounted): it holds a lock, append-only logs and memory-mapped arrays."""
+    from .io import is_url
+    if is_url(str(run_dir)):
+        raise ConfigError(f"the run folder {run_dir} is a URL; it must be a local (or mounted) folder. The corpus "
+                          "and target may be URLs, and export.destination sends the dataset to an object store")
 
 
 def _at_least(cfg: RunConfig, low: float, *names: str) -> None:

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from .config import CorpusConfig, EmbedConfig, RunConfig
 from .device import resolve_device, resolve_dtype
 from .executor import make_executor
-from .io import InputError, atomic_path, fingerprint, read_documents, write_parquet
+from .io import InputError, atomic_path, file_name, fingerprint, is_url, read_documents, write_parquet
 from .stage import RunPaths, begin, finish, is_done, skipped, stage_key
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,8 @@ def load_model(cfg: EmbedConfig):
     return _MODELS[key]
 
 
-def shard_name(path: Path) -> str:
-    name = path.name
+def shard_name(path: Path | str) -> str:
+    name = file_name(path)
     for ext in (".gz", ".zst", ".zstd", ".parquet", ".jsonl", ".json", ".ndjson", ".arrow", ".pq"):
         if name.endswith(ext):
             name = name[: -len(ext)]
@@ -74,20 +74,25 @@ def encode(model, texts: list[str], cfg: EmbedConfig) -> np.ndarray:
     return np.ascontiguousarray(emb, dtype=np.float32)
 
 
-def _rows(path: Path) -> int | None:
+def _rows(path: Path | str) -> int | None:
     """Rows of a Parquet file for the progress bar; None where unknown (read_documents names a bad file)."""
-    if path.suffix in (".parquet", ".pq"):
+    if file_name(path).endswith((".parquet", ".pq")):
         import pyarrow.parquet as pq
         try:
+            if is_url(path):  # the footer only: two small range reads
+                from .remote import open_input
+                with open_input(path) as fh:
+                    return pq.read_metadata(fh).num_rows
             return pq.read_metadata(path).num_rows
-        except (OSError, pa.ArrowInvalid):
+        except (OSError, ValueError):  # ArrowInvalid, and a remote store's InputError
             return None
     return None
 
 
 def embed_shard(task: dict) -> dict:
     """Embed one corpus file; returns its stats. Safe to re-run."""
-    path, out_dir = Path(task["path"]), Path(task["out_dir"])
+    # A remote shard stays a URL: the worker running this task reads it itself.
+    path, out_dir = task["path"], Path(task["out_dir"])
     ccfg: CorpusConfig = task["corpus"]
     ecfg: EmbedConfig = task["embed"]
     name = shard_name(path)
@@ -155,7 +160,7 @@ def load_ids(out_dir: Path, name: str) -> pa.Table:
         raise _damaged(path, e) from None
 
 
-def stage_hash(cfg: RunConfig, files: list[Path]) -> str:
+def stage_hash(cfg: RunConfig, files: list[Path | str]) -> str:
     return stage_key(cfg.corpus.text_column, cfg.corpus.id_column, cfg.embed, fingerprint(files))
 
 

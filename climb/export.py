@@ -19,7 +19,20 @@ Output, under `<run>/export/`:
 - `megatron_blend.txt`: `w1 prefix1 w2 prefix2 ...` for `--data-path`
 - `interleave.json`: file lists and probabilities for `datasets.interleave_datasets`
 
+With `export.destination` (a folder, or a URL such as s3://bucket/prefix) the
+data and the three blend files go there instead, the blend files naming the
+shards by their full path or URL, ready for a trainer reading from there. Each
+worker writes its own shards (tasks carry the URL, not data), each object under
+a hidden staging key first and moved into place whole (climb.remote); the blend
+files are written last, once every shard they name is in place. `<run>/export`
+keeps the plan, the manifest, a copy of the blend files and `destination.json`,
+the size and ETag of every object written: an object deleted or changed since
+is found on the next run, which exports again. Objects a previous export to the
+same destination wrote and this one did not are deleted; nothing else there is
+touched.
+
     climb export --config pipelines/demo.toml --run runs/demo
+    climb export --config pipelines/demo.toml --set 'export.destination="s3://bucket/mix-1"'
 """
 from __future__ import annotations
 
@@ -31,10 +44,11 @@ import numpy as np
 import pyarrow as pa
 
 from .cluster import load_assignments
-from .config import RunConfig
+from .config import RunConfig, without
 from .embed import shard_name
 from .executor import make_executor
-from .io import InputError, read_documents, read_json, write_json, write_parquet
+from .io import (InputError, is_url, local_path, read_documents, read_json, strict_json, write_json, write_parquet,
+                 write_text)
 from .stage import RunPaths, begin, finish, is_done, skipped, stage_key, upstream_hash
 
 log = logging.getLogger(__name__)
@@ -155,7 +169,7 @@ def write_shard(task: dict) -> dict:
     cc = task["corpus"]
     rows: dict[int, dict[str, list]] = {}
     row = 0
-    for b in read_documents(Path(task["path"]), cc.text_column, cc.id_column, batch_rows=cc.batch_rows):
+    for b in read_documents(task["path"], cc.text_column, cc.id_column, batch_rows=cc.batch_rows):
         for doc_id, text in zip(b.ids, b.texts):
             for e in range(int(copies[row])):
                 r = rows.setdefault(int(clusters[row]), {"id": [], "text": [], "epoch": []})
@@ -180,9 +194,10 @@ def write_shard(task: dict) -> dict:
             table = pa.table({"id": [r["id"][i] for i in idx], "text": [r["text"][i] for i in idx],
                               "cluster": np.full(len(idx), c, np.int32), "epoch": [r["epoch"][i] for i in idx]},
                              schema=schema)
-            out = Path(task["out_dir"]) / f"cluster_{c:05d}" / f"part-{task['shard']}-{part:03d}.parquet"
-            write_parquet(out, table)
-            files.setdefault(c, []).append(str(out.relative_to(task["export_dir"])))
+            rel = f"data/cluster_{c:05d}/part-{task['shard']}-{part:03d}.parquet"
+            dest = task["dest"]
+            write_parquet(join(dest, rel), table, staging=dest if is_url(dest) else None)
+            files.setdefault(c, []).append(rel)
     return {"shard": task["shard"], "files": files, "rows": int(copies.sum())}
 
 
@@ -198,16 +213,104 @@ def truncate(text: str, keep: int, tok) -> str:
         chars *= 2
 
 
+def join(base: str, rel: str) -> str:
+    """A path or URL under `base`."""
+    return base.rstrip("/") + "/" + rel if is_url(base) else str(Path(base) / rel)
+
+
+def destination(cfg: RunConfig, paths: RunPaths) -> str | None:
+    """Where the dataset goes when not to <run>/export: a URL, or an absolute folder."""
+    d = cfg.export.destination.replace("{run}", str(paths.root)).rstrip("/")
+    if not d:
+        return None
+    return d if is_url(d) else str(local_path(d).resolve())
+
+
+def check_destination(cfg: RunConfig, paths: RunPaths) -> None:
+    """Fail before any stage runs where the destination cannot work (no package, no bucket, no access)."""
+    dest = destination(cfg, paths)
+    if dest and is_url(dest):
+        from .remote import check_destination as check
+        check(dest)
+
+
 def stage_hash(cfg: RunConfig, paths: RunPaths) -> str:
-    return stage_key(upstream_hash(paths, "search"), cfg.export, cfg.search.epoch_cap)
+    # Without a destination the key is what it was before the field existed.
+    export_cfg = cfg.export if cfg.export.destination else without(cfg.export, "destination")
+    return stage_key(upstream_hash(paths, "search"), export_cfg, cfg.search.epoch_cap)
+
+
+def _listing(dest: str) -> dict[str, list]:
+    """{path relative to dest: [size, tag]} of what is there now (local: size and mtime_ns)."""
+    if is_url(dest):
+        from .remote import listing
+        return listing(dest)
+    root = Path(dest)
+    return {p.relative_to(root).as_posix(): [p.stat().st_size, p.stat().st_mtime_ns]
+            for p in root.rglob("*") if p.is_file() and not any(
+                s.startswith(".") for s in p.relative_to(root).parts)} if root.is_dir() else {}
+
+
+def _remove(target: str) -> None:
+    if is_url(target):
+        from .remote import remove
+        remove(target)
+    else:
+        Path(target).unlink(missing_ok=True)
+
+
+def damaged_destination(paths: RunPaths) -> list[str]:
+    """Objects an export wrote to its destination that are missing or changed since."""
+    rec = paths.root / "export" / "destination.json"
+    if not rec.exists():
+        return []
+    written = read_json(rec)
+    now = _listing(written["destination"])
+    return [join(written["destination"], rel) for rel, fp in written["files"].items() if now.get(rel) != fp]
+
+
+def _previous_outputs(paths: RunPaths, dest: str | None) -> list[str]:
+    """What an earlier export wrote to this destination (read before `begin` clears the folder)."""
+    rec = paths.root / "export" / "destination.json"
+    try:
+        written = read_json(rec) if dest and rec.exists() else {}
+    except ValueError:
+        return []
+    return list(written.get("files", {})) if written.get("destination") == dest else []
+
+
+def _publish(paths: RunPaths, dest: str, previous: list[str], blends: dict[str, str], shards: list[str]) -> None:
+    """The blend files to the destination, after every shard they name is in place; then
+    what a previous export there wrote and this one did not goes, and what is there now
+    is recorded in <run>/export/destination.json."""
+    for name, text in blends.items():
+        write_text(join(dest, name), text, staging=dest if is_url(dest) else None)
+    ours = set(shards) | set(blends)
+    for rel in sorted(set(previous) - ours):
+        _remove(join(dest, rel))
+    now = _listing(dest)
+    missing = sorted(ours - set(now))
+    if missing:
+        raise InputError(f"{join(dest, missing[0])} is not there right after it was written; is something else "
+                         "writing to export.destination?")
+    write_json(paths.root / "export" / "destination.json",
+               {"destination": dest, "files": {rel: now[rel] for rel in sorted(ours)}})
 
 
 def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> dict:
     mix_file = paths.root / "search" / "mixture.json"
     key = stage_key(stage_hash(cfg, paths), weights)
+    dest = destination(cfg, paths)
+    check_destination(cfg, paths)
     if is_done(paths, "export", key):
-        return skipped(paths, "export")
+        bad = damaged_destination(paths)
+        if not bad:
+            return skipped(paths, "export")
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        log.warning("export: %s is missing or changed since it was written%s; exporting again", bad[0], more)
+        paths.manifest("export").unlink()
     t0 = time.time()
+    previous = _previous_outputs(paths, dest)
     edir = begin(paths, "export", key)
     names = read_json(paths.manifest("cluster"))["stats"]["shards"]
     n_clusters = read_json(paths.root / "cluster" / "clusters.json")["n_clusters"]
@@ -235,7 +338,7 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
         tasks.append({"shard": s, "path": str(files[s]), "copies": str(cfile),
                       "clusters": str(edir / "plan" / f"{s}.clusters.npy"), "cut": str(edir / "plan" / f"{s}.cut.npy"),
                       "tokenizer": str(paths.root / "search" / "tokenizer.json"),
-                      "corpus": cfg.corpus, "out_dir": str(edir / "data"), "export_dir": str(edir),
+                      "corpus": cfg.corpus, "dest": dest or str(edir),
                       "rows_per_shard": cfg.export.rows_per_shard, "seed": cfg.export.seed + i})
         start += len(cl)
     with make_executor(cfg.executor) as ex:
@@ -249,16 +352,24 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
     if total == 0:
         raise InputError("the export selected no documents; check the weights and export.token_budget")
     real_w = realised / total
-    write_json(edir / "mixture.json", {"weights": w.tolist(), "realised_weights": real_w.tolist(),
-                                       "token_budget": budget, "tokens": int(total), **sel,
-                                       "files": {str(c): fs for c, fs in sorted(by_cluster.items())}})
+    rels = [f for fs in by_cluster.values() for f in fs]
+    if dest:  # the blend files name the shards where they are
+        by_cluster = {c: [join(dest, f) for f in fs] for c, fs in by_cluster.items()}
+    mixture = {"weights": w.tolist(), "realised_weights": real_w.tolist(), "token_budget": budget,
+               "tokens": int(total), **sel, "files": {str(c): fs for c, fs in sorted(by_cluster.items())}}
     blend = " ".join(f"{real_w[c]:.6f} {fs[0].rsplit('/', 1)[0]}" for c, fs in sorted(by_cluster.items()))
-    (edir / "megatron_blend.txt").write_text(blend + "\n")
-    write_json(edir / "interleave.json", {
+    interleave = {
         "data_files": [fs for _, fs in sorted(by_cluster.items())],
         "probabilities": [float(real_w[c]) for c in sorted(by_cluster)],
         "usage": "datasets.interleave_datasets([load_dataset('parquet', data_files=f, split='train') "
-                 "for f in data_files], probabilities=probabilities, seed=0)"})
+                 "for f in data_files], probabilities=probabilities, seed=0)"}
+    write_json(edir / "mixture.json", mixture)
+    (edir / "megatron_blend.txt").write_text(blend + "\n")
+    write_json(edir / "interleave.json", interleave)
+    if dest:
+        _publish(paths, dest, previous, {"mixture.json": strict_json(mixture, indent=2) + "\n",
+                                         "megatron_blend.txt": blend + "\n",
+                                         "interleave.json": strict_json(interleave, indent=2) + "\n"}, rels)
     capped = [c["cluster"] for c in sel["clusters"] if c["capped"]]
     short = {c["cluster"]: c["shortfall"] for c in sel["clusters"] if c["shortfall"]}
     off = {c: [round(float(w[c]), 4), round(float(real_w[c]), 4)] for c in range(n_clusters)
@@ -277,8 +388,8 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
         log.warning("export: realised weights differ from those asked for by more than export.weight_tolerance"
                     "=%g: %s", cfg.export.weight_tolerance,
                     ", ".join(f"cluster {c} {a:.3f} asked, {r:.3f} reached" for c, (a, r) in off.items()))
-    log.info("export: %d rows (%d distinct docs), %d tokens, %d files", stats["rows"], stats["docs"], total,
-             stats["files"])
+    log.info("export: %d rows (%d distinct docs), %d tokens, %d files%s", stats["rows"], stats["docs"], total,
+             stats["files"], f" in {dest}" if dest else "")
     return finish(paths, "export", key, stats, t0)
 
 

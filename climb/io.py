@@ -1,10 +1,12 @@
 """Reading corpora and writing files safely.
 
 Corpus files are Parquet, JSON Lines (optionally .gz / .zst), globs of them, or a
-folder written by `datasets.save_to_disk`. Every stage reads a corpus file with
-`read_documents`, so ids and order agree across stages. Empty or whitespace-only
-documents and lines that are not valid UTF-8 are skipped and counted, never
-dropped silently.
+folder written by `datasets.save_to_disk`, on a local disk or at an fsspec URL
+(s3://, gs://, hf://, http(s)://: climb/remote.py). Every stage reads a corpus
+file with `read_documents`, so ids and order agree across stages. Empty or
+whitespace-only documents and lines that are not valid UTF-8 are skipped and
+counted, never dropped silently. A local file is a `Path`, a remote one its URL
+(a `str`); both travel to Dask workers as strings, and each worker reads them itself.
 
     from climb.io import resolve_corpus_files, read_documents
     for batch in read_documents(path, "text", "id"):
@@ -18,9 +20,10 @@ import io
 import json
 import math
 import os
+import re
 import tempfile
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -30,6 +33,9 @@ import pyarrow.parquet as pq
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
+CORPUS_SUFFIXES = tuple(b + c for b in PARQUET_SUFFIXES + JSONL_SUFFIXES + (".arrow",)
+                        for c in ("", ".gz", ".zst", ".zstd"))
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 class InputError(ValueError):
@@ -44,6 +50,25 @@ class DocBatch:
     skipped: Counter = field(default_factory=Counter)
 
 
+def is_url(path) -> bool:
+    """Whether a path is an fsspec URL (s3://, gs://, hf://, http(s)://, memory://, ...);
+    a `Path`, a plain path and a file:// URL are local."""
+    return isinstance(path, str) and bool(_URL.match(path)) and not path.startswith("file://")
+
+
+def local_path(path: str | Path) -> Path:
+    """A local path, given as a path or a file:// URL."""
+    return Path(path[len("file://"):]) if isinstance(path, str) and path.startswith("file://") else Path(path)
+
+
+def file_name(path: str | Path) -> str:
+    """The last component of a path or URL."""
+    if is_url(path):
+        from .remote import basename
+        return basename(path)
+    return Path(path).name
+
+
 def _strip_compression(name: str) -> str:
     for ext in (".gz", ".zst", ".zstd"):
         if name.endswith(ext):
@@ -55,10 +80,10 @@ def _is_hf_saved(path: Path) -> bool:
     return path.is_dir() and (path / "state.json").exists() and (path / "dataset_info.json").exists()
 
 
-def _kind(path: Path) -> str:
-    if _is_hf_saved(path):
+def _kind(path: Path | str) -> str:
+    if not is_url(path) and _is_hf_saved(path):
         return "hf"
-    name = _strip_compression(path.name.lower())
+    name = _strip_compression(file_name(path).lower())
     if name.endswith(PARQUET_SUFFIXES):
         return "parquet"
     if name.endswith(JSONL_SUFFIXES):
@@ -70,11 +95,21 @@ def _kind(path: Path) -> str:
 
 
 def resolve_corpus_files(patterns: Sequence[str], run_dir: Path | None = None,
-                         max_shards: int = 0) -> list[Path]:
-    """Expand globs and folders into a sorted list of corpus files (shards)."""
-    files: list[Path] = []
+                         max_shards: int = 0) -> list[Path | str]:
+    """Expand globs and folders into a sorted list of corpus files (shards): local
+    files as absolute `Path`s, remote ones as URLs."""
+    files: list[Path | str] = []
     for pat in patterns:
         pat = pat.replace("{run}", str(run_dir)) if run_dir is not None else pat
+        if is_url(pat):
+            from .remote import expand
+            found_urls = expand(pat, CORPUS_SUFFIXES)
+            if not found_urls:
+                raise InputError(f"no corpus files match {pat!r}; check corpus.paths in the config "
+                                 "(e.g. --set corpus.paths=['s3://bucket/corpus/*.parquet'])")
+            files += found_urls
+            continue
+        pat = str(local_path(pat))
         p = Path(pat)
         if _is_hf_saved(p):
             state = json.loads((p / "state.json").read_text())
@@ -89,7 +124,7 @@ def resolve_corpus_files(patterns: Sequence[str], run_dir: Path | None = None,
                              "(e.g. --set corpus.paths=['data/*.parquet'])")
         files += found
     # Absolute paths: Dask workers may run in another working directory.
-    files = [f.resolve() for f in files]
+    files = [f if isinstance(f, str) else f.resolve() for f in files]
     for f in files:
         _kind(f)
     if max_shards:
@@ -97,15 +132,25 @@ def resolve_corpus_files(patterns: Sequence[str], run_dir: Path | None = None,
     return files
 
 
-def _open_text(path: Path):
-    raw = open(path, "rb")
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        return gzip.open(raw)
-    if name.endswith((".zst", ".zstd")):
-        import zstandard
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
-    return raw
+def _open_raw(path: Path | str):
+    if is_url(path):
+        from .remote import open_input
+        return open_input(path)
+    return open(path, "rb")
+
+
+@contextmanager
+def _open_text(path: Path | str):
+    with _open_raw(path) as raw:
+        name = file_name(path).lower()
+        if name.endswith(".gz"):
+            with gzip.open(raw) as fh:
+                yield fh
+        elif name.endswith((".zst", ".zstd")):
+            import zstandard
+            yield io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
+        else:
+            yield raw
 
 
 def _iter_jsonl(path: Path, columns: list[str], batch_rows: int,
@@ -138,22 +183,26 @@ def _iter_jsonl(path: Path, columns: list[str], batch_rows: int,
         yield buf
 
 
-def _arrow_batches(path: Path, kind: str, columns: list[str], batch_rows: int) -> Iterator[dict[str, list]]:
+def _arrow_batches(path: Path | str, kind: str, columns: list[str], batch_rows: int) -> Iterator[dict[str, list]]:
+    if is_url(path):
+        from .remote import record_batches
+        yield from record_batches(path, kind, columns, batch_rows)
+        return
     if kind == "parquet":
         pf = pq.ParquetFile(path)
         names = pf.schema_arrow.names
-        _check_columns(path, names, columns)
+        check_columns(path, names, columns)
         for b in pf.iter_batches(batch_size=batch_rows, columns=columns):
             yield b.to_pydict()
         return
     from datasets import Dataset  # arrow files written by datasets.save_to_disk
     ds = Dataset.from_file(str(path))
-    _check_columns(path, ds.column_names, columns)
+    check_columns(path, ds.column_names, columns)
     for b in ds.select_columns(columns).iter(batch_size=batch_rows):
         yield b
 
 
-def _check_columns(path: Path, names: Sequence[str], wanted: Sequence[str]) -> None:
+def check_columns(path: Path | str, names: Sequence[str], wanted: Sequence[str]) -> None:
     missing = [c for c in wanted if c not in names]
     if missing:
         raise InputError(f"{path}: missing column(s) {missing}; it has {list(names)}. "
@@ -161,46 +210,63 @@ def _check_columns(path: Path, names: Sequence[str], wanted: Sequence[str]) -> N
                          "or id_column=\"\" to make ids")
 
 
-def read_documents(path: Path, text_column: str = "text", id_column: str = "id",
+def read_documents(path: Path | str, text_column: str = "text", id_column: str = "id",
                    extra_columns: Sequence[str] = (), batch_rows: int = 2048) -> Iterator[DocBatch]:
-    """Stream (ids, texts) from one corpus file in batches; skips are counted per batch."""
-    path = Path(path)
+    """Stream (ids, texts) from one corpus file (a path or a URL) in batches; skips are
+    counted per batch."""
+    remote = is_url(path)
+    path = path if remote else local_path(path)
     kind = _kind(path)
     columns = [text_column] + ([id_column] if id_column else []) + list(extra_columns)
-    skipped: Counter = Counter()
-    if not path.exists():
-        raise InputError(f"{path}: file not found; check corpus.paths")
-    if kind in ("parquet", "arrow") and path.is_file() and path.stat().st_size == 0:
+    if remote:
+        from .remote import errors, info
+        size = info(path).get("size")
+        guard = errors(path)
+    else:
+        if not path.exists():
+            raise InputError(f"{path}: file not found; check corpus.paths")
+        size = path.stat().st_size if path.is_file() else None
+        guard = nullcontext()
+    if kind in ("parquet", "arrow") and size == 0:
         raise InputError(f"{path}: empty file (0 bytes), not a {kind} file; remove it or re-create it")
-    present: set = set()  # JSON Lines fields seen in at least one record
+    stem = Path(file_name(path)).stem
     try:
-        source = (_iter_jsonl(path, columns, batch_rows, skipped, present) if kind == "jsonl"
-                  else _arrow_batches(path, kind, columns, batch_rows))
-        row = 0
-        for cols in source:
-            out = DocBatch([], [], {c: [] for c in extra_columns}, Counter(skipped))
-            skipped.clear()
-            texts = cols[text_column]
-            for i, text in enumerate(texts):
-                r = row + i
-                if not isinstance(text, str) or not text.strip():
-                    out.skipped["empty"] += 1
-                    continue
-                doc_id = cols[id_column][i] if id_column else None
-                out.ids.append(str(doc_id) if doc_id is not None else f"{path.stem}:{r}")
-                out.texts.append(text)
-                for c in extra_columns:
-                    out.extra[c].append(cols[c][i])
-            row += len(texts)
-            yield out
-        if kind == "jsonl" and row and text_column not in present:
-            raise InputError(f"{path}: no record has a {text_column!r} field; "
-                             f"set corpus.text_column to the field holding the text")
-        if skipped:
-            yield DocBatch([], [], {c: [] for c in extra_columns}, Counter(skipped))
+        with guard:
+            yield from _doc_batches(path, kind, stem, text_column, id_column, list(extra_columns), columns,
+                                    batch_rows)
     except _read_errors() as e:
         raise InputError(f"{path}: cannot read ({e}); is it a complete, uncorrupted "
                          f"{kind} file? Remove or re-create it") from e
+
+
+def _doc_batches(path: Path | str, kind: str, stem: str, text_column: str, id_column: str,
+                 extra_columns: list[str], columns: list[str], batch_rows: int) -> Iterator[DocBatch]:
+    skipped: Counter = Counter()
+    present: set = set()  # JSON Lines fields seen in at least one record
+    source = (_iter_jsonl(path, columns, batch_rows, skipped, present) if kind == "jsonl"
+              else _arrow_batches(path, kind, columns, batch_rows))
+    row = 0
+    for cols in source:
+        out = DocBatch([], [], {c: [] for c in extra_columns}, Counter(skipped))
+        skipped.clear()
+        texts = cols[text_column]
+        for i, text in enumerate(texts):
+            r = row + i
+            if not isinstance(text, str) or not text.strip():
+                out.skipped["empty"] += 1
+                continue
+            doc_id = cols[id_column][i] if id_column else None
+            out.ids.append(str(doc_id) if doc_id is not None else f"{stem}:{r}")
+            out.texts.append(text)
+            for c in extra_columns:
+                out.extra[c].append(cols[c][i])
+        row += len(texts)
+        yield out
+    if kind == "jsonl" and row and text_column not in present:
+        raise InputError(f"{path}: no record has a {text_column!r} field; "
+                         f"set corpus.text_column to the field holding the text")
+    if skipped:
+        yield DocBatch([], [], {c: [] for c in extra_columns}, Counter(skipped))
 
 
 def _read_errors() -> tuple:
@@ -277,16 +343,38 @@ def read_json(path: str | Path):
     return json.loads(Path(path).read_text())
 
 
-def write_parquet(path: str | Path, table: pa.Table, row_group_size: int = 8192) -> None:
-    """Write a table with zstd and bounded row groups, atomically."""
+def write_parquet(path: str | Path, table: pa.Table, row_group_size: int = 8192,
+                  staging: str | None = None) -> None:
+    """Write a table with zstd and bounded row groups, atomically: to a path, or to a URL
+    through a hidden staging key (see climb.remote.write_atomic)."""
+    if is_url(path):
+        from .remote import write_atomic
+        write_atomic(path, lambda fh: pq.write_table(table, fh, compression="zstd", row_group_size=row_group_size),
+                     staging)
+        return
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, compression="zstd", row_group_size=row_group_size)
 
 
+def write_text(path: str | Path, text: str, staging: str | None = None) -> None:
+    """Write a text file (or object) atomically."""
+    if is_url(path):
+        from .remote import write_text as write_remote
+        write_remote(path, text, staging)
+        return
+    with atomic_path(path) as tmp:
+        Path(tmp).write_text(text)
+
+
 def fingerprint(paths: Sequence[str | Path]) -> list[list]:
-    """Cheap input fingerprints: name, size and mtime of each file."""
+    """Cheap input fingerprints: name, size and mtime of each local file; for a URL
+    its name, size, ETag (or checksum) and modification time, as the store gives them."""
     out = []
     for p in paths:
+        if is_url(p):
+            from .remote import fingerprint as remote_fingerprint
+            out.append(remote_fingerprint(p))
+            continue
         st = os.stat(p)
         out.append([str(p), st.st_size, int(st.st_mtime)])
     return out

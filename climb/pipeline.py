@@ -6,7 +6,11 @@
     pipeline.run_stage("cluster", cfg, "runs/demo")
 
 Both hold the run folder's lock (climb.runlock) while they run: a second
-process on the same folder is refused with a message naming the first.
+process on the same folder is refused with a message naming the first. The run
+folder is local (or a mounted filesystem): it holds a lock, append-only logs and
+memory-mapped arrays, which an object store cannot. Inputs may be URLs, and
+`export.destination` sends the dataset to an object store; a URL destination is
+checked before the first stage runs, not after the search.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import logging
 from pathlib import Path
 
 from . import cluster, embed, export, report, search
-from .config import RunConfig, load_config
+from .config import RunConfig, check_run_dir, load_config
 from .runlock import hold
 from .stage import STAGES, RunPaths
 
@@ -27,17 +31,24 @@ def load(config: str | Path | None, overrides=()) -> RunConfig:
     return load_config(config, overrides)
 
 
+def _paths(run_dir: str | Path) -> RunPaths:
+    check_run_dir(run_dir)
+    return RunPaths(Path(run_dir).resolve())
+
+
 def run_stage(stage: str, cfg: RunConfig, run_dir: str | Path, with_deps: bool = True) -> dict:
     """Run one stage (and, by default, every stage before it; finished ones are skipped)."""
     if stage not in _RUN:
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
-    paths = RunPaths(Path(run_dir).resolve())
+    paths = _paths(run_dir)
     order = STAGES[: STAGES.index(stage) + 1] if with_deps else (stage,)
     # export is not a dependency of report; it runs when asked or with `run`.
     order = tuple(s for s in order if s != "export" or stage == "export")
     stats = {}
     with hold(paths.root):
         paths.save_config(cfg)
+        if "export" in order:
+            export.check_destination(cfg, paths)
         for s in order:
             log.info("== %s ==", s)
             stats[s] = _RUN[s](cfg, paths)
@@ -45,10 +56,11 @@ def run_stage(stage: str, cfg: RunConfig, run_dir: str | Path, with_deps: bool =
 
 
 def run_all(cfg: RunConfig, run_dir: str | Path) -> dict:
-    paths = RunPaths(Path(run_dir).resolve())
+    paths = _paths(run_dir)
     out = {}
     with hold(paths.root):
         paths.save_config(cfg)
+        export.check_destination(cfg, paths)
         for s in STAGES:
             log.info("== %s ==", s)
             out[s] = _RUN[s](cfg, paths)

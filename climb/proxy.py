@@ -40,7 +40,7 @@ import numpy as np
 
 from .config import ProxyConfig, TargetConfig
 from .device import resolve_device
-from .io import InputError, read_documents, resolve_corpus_files
+from .io import InputError, fingerprint, is_url, read_documents, resolve_corpus_files
 
 log = logging.getLogger(__name__)
 _CACHE: dict = {}
@@ -51,7 +51,6 @@ def load_target(tc: TargetConfig, run_dir: Path) -> dict:
     key = ("target", json.dumps([tc.texts, tc.text_column, sorted(tc.tasks.items()), tc.task_limit]), str(run_dir),
            tuple(_stamp(f) for f in resolve_corpus_files(tc.texts, run_dir)) if tc.texts else ())
     if key not in _CACHE:
-        from proxies.evaluate import load_tasks
         texts: list[str] = []
         if tc.texts:
             for f in resolve_corpus_files(tc.texts, run_dir):
@@ -59,15 +58,29 @@ def load_target(tc: TargetConfig, run_dir: Path) -> dict:
                     texts += b.texts
         tasks = {}
         for name, path in tc.tasks.items():
-            p = Path(path.replace("{run}", str(run_dir)))
-            if not p.exists():
-                raise InputError(f"target task file {p} not found; fix target.tasks.{name}")
-            items = load_tasks(p)
+            items = _task_items(name, path.replace("{run}", str(run_dir)))
             tasks[name] = items[: tc.task_limit] if tc.task_limit else items
         if not texts and not tasks:
             raise InputError("the target is empty: set target.texts (held-out text) and/or target.tasks")
         _CACHE[key] = {"texts": texts, "tasks": tasks}
     return _CACHE[key]
+
+
+def _task_items(name: str, path: str) -> list[dict]:
+    from proxies.evaluate import load_tasks, parse_tasks
+    if not is_url(path):
+        p = Path(path)
+        if not p.exists():
+            raise InputError(f"target task file {p} not found; fix target.tasks.{name}")
+        return load_tasks(p)
+    import io
+    from .remote import errors, info, open_input
+    try:
+        info(path)
+    except InputError as e:
+        raise InputError(f"{e}; fix target.tasks.{name}") from None
+    with open_input(path) as fh, errors(path):
+        return parse_tasks(io.TextIOWrapper(fh, encoding="utf-8"), path)
 
 
 def objective(metrics: dict, tc: TargetConfig) -> float:
@@ -90,7 +103,9 @@ def evaluate(model, tokenizer, tc: TargetConfig, run_dir: Path, device: str) -> 
     return metrics
 
 
-def _stamp(path: Path) -> tuple:
+def _stamp(path: Path | str) -> tuple:
+    if is_url(path):
+        return tuple(fingerprint([path])[0])
     st = path.stat()
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 

@@ -54,7 +54,7 @@ def _tokenize_shard(task: dict) -> dict:
     clusters = assign["cluster"].to_numpy()
     cc = task["corpus"]
     texts, cl, row = [], [], 0
-    for b in read_documents(Path(task["path"]), cc.text_column, cc.id_column, batch_rows=cc.batch_rows):
+    for b in read_documents(task["path"], cc.text_column, cc.id_column, batch_rows=cc.batch_rows):
         for t in b.texts:
             if clusters[row] >= 0:  # pruned documents never reach a proxy
                 texts.append(t)
@@ -65,7 +65,7 @@ def _tokenize_shard(task: dict) -> dict:
     return write_shard_tokens(texts, np.asarray(cl, dtype=np.int64), tok, task["out"], task["shard"])
 
 
-def _tokenizer_texts(cfg: RunConfig, files: list[Path]) -> list[str]:
+def _tokenizer_texts(cfg: RunConfig, files: list[Path | str]) -> list[str]:
     per_file = max(1, cfg.proxy.tokenizer_docs // max(1, len(files)))
     texts: list[str] = []
     for f in files:

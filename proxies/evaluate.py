@@ -27,7 +27,7 @@ import contextlib
 import json
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -100,21 +100,26 @@ def load_tasks(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"task file {path} not found")
-    items = []
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg})") from e
-            if not isinstance(obj, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-            items.append(_check_item(obj, where))
+        return parse_tasks(f, path)
+
+
+def parse_tasks(lines: Iterable[str], source: str | Path) -> list[dict]:
+    """Task items from the lines of a JSON Lines task file; `source` names it in errors."""
+    items = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{source}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: invalid JSON ({e.msg})") from e
+        if not isinstance(obj, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        items.append(_check_item(obj, where))
     if not items:
-        raise ValueError(f"{path}: no task items found")
+        raise ValueError(f"{source}: no task items found")
     return items
 
 

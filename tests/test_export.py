@@ -212,3 +212,31 @@ def test_export_stage_keeps_budget_and_weights_with_a_huge_document(tmp_path, mo
     stats = export.run(skip, paths, weights=w.tolist())
     assert stats["tokens"] <= 3000 and stats["truncated_docs"] == 0 and big in stats["shortfall"]
     assert big in stats["weights_off"] and "differ from those asked for" in caplog.text
+
+
+def test_export_to_a_local_destination(tmp_path, monkeypatch, caplog):
+    cfg, paths, _, _ = prepare(tmp_path, monkeypatch)
+    pipeline.run_stage("export", cfg, paths.root)
+    edir = paths.root / "export"
+    want = {p.relative_to(edir).as_posix(): pq.read_table(p) for p in (edir / "data").rglob("*.parquet")}
+    blend = (edir / "megatron_blend.txt").read_text().split()
+    dest = tmp_path / "published"
+    moved = dataclasses.replace(cfg, export=dataclasses.replace(cfg.export, destination=str(dest)))
+    stats = export.run(moved, paths)
+    got = {p.relative_to(dest).as_posix(): pq.read_table(p) for p in (dest / "data").rglob("*.parquet")}
+    assert sorted(got) == sorted(want) and len(want) > 2 and all(got[k].equals(want[k]) for k in want)
+    assert not (edir / "data").exists() and not list(dest.rglob(".*"))
+    # The blend files name the shards where they are now, here and in the run folder.
+    moved_blend = (dest / "megatron_blend.txt").read_text().split()
+    assert moved_blend[::2] == blend[::2] and moved_blend[1::2] == [str(dest / p) for p in blend[1::2]]
+    assert (edir / "megatron_blend.txt").read_text() == (dest / "megatron_blend.txt").read_text()
+    inter = json.loads((dest / "interleave.json").read_text())
+    assert sorted(f for fs in inter["data_files"] for f in fs) == sorted(str(dest / k) for k in want)
+    assert export.run(moved, paths)["skipped_stage"]
+    # A shard changed at the destination is noticed and written again.
+    victim = sorted(want)[0]
+    (dest / victim).write_bytes(b"not parquet")
+    again = export.run(moved, paths)
+    assert not again.get("skipped_stage") and again["files"] == stats["files"]
+    assert "missing or changed since it was written" in caplog.text
+    assert pq.read_table(dest / victim).equals(want[victim])
