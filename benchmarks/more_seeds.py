@@ -1,0 +1,74 @@
+"""Judge a finished run's comparison again with more paired seeds.
+
+Where a verdict comes out "not resolved", the run's report gives the number of
+paired seeds that would resolve a difference of that size at the measured noise.
+This trains the compared mixtures (climb's pick and the baselines, as the run
+saved them) with seeds up to `--seeds`, reusing the run's own comparison seeds
+(the first `search.eval_seeds`), and judges each baseline again. It works on a
+copy of the run folder (`--work`), so the run itself is left as it was.
+
+    python benchmarks/more_seeds.py --run runs/e2e-bench2 --seeds 10 --out benchmarks/results/more_seeds_bench.json
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, required=True, help="a finished run (search done)")
+    ap.add_argument("--seeds", type=int, required=True, help="paired seeds in all (at least the run's own)")
+    ap.add_argument("--work", type=Path, default=None, help="the copy to train in (default: <run>-seeds<N>)")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    from climb.config import load_config
+    from climb.device import proxy_processes
+    from climb.executor import make_executor
+    from climb.io import read_json
+    from climb.search import compare, comparison_table
+    from climb.stage import RunPaths
+
+    cfg = load_config(a.run / "config.toml")
+    if a.seeds < cfg.search.eval_seeds:
+        raise SystemExit(f"--seeds {a.seeds} is fewer than the run's own {cfg.search.eval_seeds}")
+    work = a.work or a.run.with_name(f"{a.run.name}-seeds{a.seeds}")
+    if not work.exists():
+        shutil.copytree(a.run / "search", work / "search")
+        shutil.copy2(a.run / "config.toml", work / "config.toml")
+    cfg = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, eval_seeds=a.seeds))
+    mix = read_json(work / "search" / "mixture.json")
+    mixtures = {"climb": mix["weights"], "uniform": mix["uniform"], "natural": mix["natural"]}
+    if (work / "search" / "one_shot_mixture.json").exists():
+        mixtures["one-shot"] = read_json(work / "search" / "one_shot_mixture.json")["weights"]
+    t0 = time.time()
+    with make_executor(cfg.executor, proxy_processes(cfg.proxy, cfg.executor)) as ex:
+        runs = compare(cfg, RunPaths(work), ex, mixtures)
+    table, verdicts = comparison_table(cfg, runs)
+    own = cfg.search.eval_seed + load_config(a.run / "config.toml").search.eval_seeds
+    first = {}
+    from climb.quality import paired_comparison
+    for n in verdicts:  # the run's own seeds alone, recomputed from the same records
+        seeds = [s for s in sorted(runs[n]) if s < own]
+        first[n] = paired_comparison([runs["climb"][s]["objective"] for s in seeds],
+                                     [runs[n][s]["objective"] for s in seeds], cfg.target.goal)
+    out = {"run": str(a.run), "seeds": a.seeds, "seconds": round(time.time() - t0, 1), "means": table,
+           "verdicts": verdicts, "verdicts_run_seeds": first,
+           "per_seed": {n: {str(s): r["objective"] for s, r in per.items()} for n, per in runs.items()}}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    for n, c in verdicts.items():
+        print(f"climb vs {n}: {c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] {c['verdict']} "
+              f"({c['seeds']} seeds; with the run's own: {first[n]['verdict']})")
+
+
+if __name__ == "__main__":
+    main()
