@@ -22,6 +22,7 @@ from climb.cli import main
 from climb.config import TargetConfig
 from climb.io import InputError, fingerprint, is_url, read_documents, resolve_corpus_files, write_parquet
 from stores import http_root, upload  # noqa: F401 - a fixture
+from test_io import _read_all  # every batch of a file, joined
 
 DOCS = [{"id": f"d{i}", "text": f"document number {i} — naïve café ✓", "score": i / 10} for i in range(7)]
 DOCS[3]["text"] = "   "  # skipped as empty, and counted, on both sides
@@ -42,18 +43,6 @@ def _encode(name: str, docs=DOCS) -> bytes:
     if name.endswith(".zst"):
         return zstandard.ZstdCompressor().compress(raw)
     return raw
-
-
-def _read_all(path, *args, **kw):
-    ids, texts, extra, skipped = [], [], {}, {}
-    for b in read_documents(path, *args, **kw):
-        ids += b.ids
-        texts += b.texts
-        for k, v in b.extra.items():
-            extra.setdefault(k, []).extend(v)
-        for k, v in b.skipped.items():
-            skipped[k] = skipped.get(k, 0) + v
-    return ids, texts, extra, skipped
 
 
 @pytest.fixture
