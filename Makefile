@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HOME ?= $(CURDIR)/.cache/huggingface
 
-.PHONY: install demo run embed cluster search export report test test-all bench bench-e2e clean
+.PHONY: install demo run embed cluster search export report test test-all bench bench-procs bench-e2e clean
 
 install: $(STAMP)
 
@@ -42,6 +42,13 @@ test-all: $(STAMP)
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/run.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/profiles.py
+	$(MAKE) bench-procs
+
+# Proxies in worker processes, and the search beside a busy process, on a demo run.
+bench-procs: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/climb run --config pipelines/demo.toml --run runs/bench-demo
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/swarm_processes.py --run runs/bench-demo
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/busy_machine.py --run runs/bench-demo
 
 # Whole runs timed per stage (the demo: 5 minutes; the bench preset on all 8 shards: 40).
 bench-e2e: $(STAMP)

@@ -115,7 +115,10 @@ def test_search_measures_its_noise_and_judges_with_paired_seeds(clustered):
     one = json.loads((sdir / "one_shot.json").read_text())
     assert len(one) == 16 - 10 and stats["one_shot_proxies"] == 6
     pick = json.loads((sdir / "one_shot_mixture.json").read_text())
-    assert abs(sum(pick["weights"]) - 1) < 1e-6
+    assert abs(sum(pick["weights"]) - 1) < 1e-6 and pick["proxies"] == pick["succeeded"] == 16
+    # RegMix's pick: the predictor's best over a fresh pool, not one of the measured mixtures
+    measured = [r["weights"] for r in search.read_results(paths)] + [v["weights"] for v in one.values()]
+    assert min(np.abs(np.array(measured) - pick["weights"]).sum(1)) > 1e-6
     # a rerun trains nothing again
     (sdir / "manifest.json").unlink()
     before = {f: (sdir / f).read_text() for f in ("comparison.json", "replicates.json", "one_shot.json")}
