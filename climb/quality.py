@@ -83,7 +83,26 @@ def paired_comparison(ours, theirs, goal: str, level: float = 0.95) -> dict:
         verdict = "worse"
     else:
         verdict = "not resolved"
-    return {"diff": mean, "ci95": [lo, hi], "verdict": verdict, "seeds": n}
+    out = {"diff": mean, "ci95": [lo, hi], "verdict": verdict, "seeds": n}
+    if verdict == "not resolved":
+        out["seeds_to_resolve"] = seeds_to_resolve(mean, float(d.std(ddof=1)), level)
+    return out
+
+
+def seeds_to_resolve(diff: float, sd: float, level: float = 0.95, most: int = 10_000) -> int | None:
+    """Paired seeds whose interval would exclude zero if the mean difference and the sd of the
+    per-seed differences stayed as measured (a planning figure, not a promise); None beyond `most`."""
+    if not np.isfinite(diff) or diff == 0 or not np.isfinite(sd):
+        return None
+    if sd == 0:
+        return 2
+    # t * sd / sqrt(m) < |diff|: first from the normal approximation, then stepped up with t.
+    m = max(2, int(np.ceil((stats.norm.ppf(0.5 + level / 2) * sd / abs(diff)) ** 2)))
+    while m <= most:
+        if stats.t.ppf(0.5 + level / 2, m - 1) * sd / np.sqrt(m) < abs(diff):
+            return m
+        m += 1
+    return None
 
 
 def oof_spearman(X, y, predictor: str, seed: int = 0, folds: int = 5) -> float | None:
@@ -132,4 +151,7 @@ def fmt_comparison(name: str, c: dict) -> str:
     if c.get("ci95") is None:
         return f"{name}: not resolved (fewer than 2 paired seeds)"
     lo, hi = c["ci95"]
-    return f"{c['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}] {c['verdict']}"
+    text = f"{c['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}] {c['verdict']}"
+    if c.get("seeds_to_resolve"):
+        text += f" (about {c['seeds_to_resolve']} paired seeds would resolve a difference this size)"
+    return text

@@ -132,6 +132,8 @@ def summary_table(summary: dict) -> str:
         if c and c.get("ci95"):
             diff = f"{c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]"
             verdict = f"climb {c['verdict']}" if c["verdict"] != "not resolved" else "not resolved"
+            if c.get("seeds_to_resolve"):
+                verdict += f" (about {c['seeds_to_resolve']} seeds would resolve it)"
         else:
             diff, verdict = "", ""
         lines.append(f"| {k}{' (best)' if k == best else ''} | {v:.4f} | {diff} | {verdict} |")

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from climb.quality import noise, oof_spearman, paired_comparison, pooled_noise, snr, warnings
+from climb.quality import noise, oof_spearman, paired_comparison, pooled_noise, seeds_to_resolve, snr, warnings
 
 
 def test_known_difference_is_better_and_equal_mixtures_not_resolved():
@@ -26,6 +26,23 @@ def test_unpaired_noise_would_not_resolve_what_pairing_does():
     rng = np.random.default_rng(1)
     ours, base = 2.95 + rng.normal(0, 0.1, 5), 3.0 + rng.normal(0, 0.1, 5)
     assert paired_comparison(ours, base, "minimize")["verdict"] == "not resolved"
+
+
+def test_seeds_to_resolve_is_the_first_count_whose_t_interval_excludes_zero():
+    # |diff| = 0.01, sd of the differences 0.02: t(0.975, m-1) * 0.02 / sqrt(m) < 0.01 first at m = 18
+    assert seeds_to_resolve(0.01, 0.02) == 18
+    assert 2.110 * 0.02 / np.sqrt(18) < 0.01 < 2.120 * 0.02 / np.sqrt(17)  # t(0.975, 17), t(0.975, 16)
+    assert seeds_to_resolve(-0.01, 0.02) == 18 and seeds_to_resolve(0.0, 0.02) is None
+    assert seeds_to_resolve(1e-6, 1.0) is None  # beyond any budget
+    # an unresolved comparison says what would resolve it; with that many seeds at the same
+    # mean and sd of the differences, the interval excludes zero
+    d = np.array([0.03, -0.01, 0.02, -0.02, 0.025])
+    c = paired_comparison(d, np.zeros(5), "minimize")
+    m = c["seeds_to_resolve"]
+    assert c["verdict"] == "not resolved" and m > 5
+    from scipy import stats
+    assert stats.t.ppf(0.975, m - 1) * d.std(ddof=1) / np.sqrt(m) < abs(d.mean())
+    assert "seeds_to_resolve" not in paired_comparison(d - 1, np.zeros(5), "minimize")
 
 
 def test_paired_comparison_interval_is_the_t_interval():

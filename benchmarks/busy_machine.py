@@ -1,0 +1,75 @@
+"""The demo's search on an idle machine and beside one busy-looping process.
+
+A run folder whose embed and cluster stages are done (e.g. after `make demo`)
+is searched twice from an empty search folder with the same config: once as
+it is, once while another process spins on one core (a plain Python busy loop,
+started before and stopped after). Reports both wall times and
+ratio = idle / busy (1 means the other process cost nothing; the target is
+>= 0.4, i.e. the busy search takes at most 2.5x the idle one), and checks that
+both searches found the same mixture with the same results.
+
+    python benchmarks/busy_machine.py --run runs/demo        # writes benchmarks/results/busy_machine.json
+    python benchmarks/busy_machine.py --run runs/demo --set 'search.iterations=[4,4]' --set search.eval_seeds=2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results" / "busy_machine.json"
+BUSY = "while True:\n    pass\n"
+
+
+def _search(run: Path, config: str, sets: list[str]) -> tuple[float, dict]:
+    shutil.rmtree(run / "search", ignore_errors=True)
+    for later in ("export", "report"):
+        shutil.rmtree(run / later, ignore_errors=True)
+    cmd = [sys.executable, "-m", "climb.cli", "search", "--config", config, "--run", str(run)]
+    for s in sets:
+        cmd += ["--set", s]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, env=env, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    comparison = json.loads((run / "search" / "comparison.json").read_text())
+    return wall, {k: v["objective"] for k, v in sorted(comparison.items())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, required=True, help="a run folder with embed and cluster done")
+    ap.add_argument("--config", default="pipelines/demo.toml")
+    ap.add_argument("--set", action="append", default=[], dest="sets", help="config overrides for both searches")
+    ap.add_argument("--out", type=Path, default=OUT)
+    a = ap.parse_args()
+    if not (a.run / "cluster" / "manifest.json").exists():
+        raise SystemExit(f"{a.run}: no finished cluster stage; run `climb run` (or make demo) first")
+    load_before = os.getloadavg()
+    idle, idle_res = _search(a.run, a.config, a.sets)
+    print(f"idle: {idle:.1f} s", flush=True)
+    busy_proc = subprocess.Popen([sys.executable, "-c", BUSY])
+    try:
+        time.sleep(2)
+        busy, busy_res = _search(a.run, a.config, a.sets)
+    finally:
+        busy_proc.kill()
+        busy_proc.wait()
+    print(f"busy: {busy:.1f} s", flush=True)
+    out = {"benchmark": "busy_machine", "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "run": str(a.run),
+           "config": a.config, "sets": a.sets, "cpu_count": os.cpu_count(), "load_average_before": load_before,
+           "idle_s": round(idle, 1), "busy_s": round(busy, 1), "ratio_idle_over_busy": round(idle / busy, 3),
+           "target": ">= 0.4", "same_results": idle_res == busy_res, "comparison_idle": idle_res}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({k: out[k] for k in ("idle_s", "busy_s", "ratio_idle_over_busy", "same_results")}))
+
+
+if __name__ == "__main__":
+    main()

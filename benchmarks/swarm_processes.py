@@ -1,0 +1,114 @@
+"""Proxies in worker processes against the in-process default, on a finished run.
+
+The same N proxies (the mixtures of the run's first search iteration, one seed)
+are trained three ways, each in a fresh Python process so that thread settings
+do not leak from one to the next:
+
+- ``inprocess``: one after another in one process with torch's default thread
+  count (one OpenMP thread per core): how climb ran proxies on a CPU before
+  `executor.processes`; the baseline;
+- ``serial``: one after another in one process with one torch thread: the
+  reference the worker processes must reproduce bit for bit;
+- ``processes``: `LocalExecutor(processes=P)` (P = the cores this process may
+  use, the CPU default): P spawned workers with one torch thread each, each
+  loading the token store (memory-mapped), tokenizer and target once.
+
+Reports proxies per minute for each, the ratio processes / inprocess, and
+whether the records of ``processes`` equal those of ``serial`` exactly.
+
+    python benchmarks/swarm_processes.py --run runs/demo            # writes benchmarks/results/swarm_processes.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+OUT = ROOT / "benchmarks" / "results" / "swarm_processes.json"
+
+
+def _tasks(run: Path, n: int) -> list[dict]:
+    from climb.config import load_config
+    from climb.search import _task
+    from climb.stage import RunPaths
+    cfg = load_config(run / "config.toml")
+    plan = json.loads((run / "search" / "plan_0.json").read_text())
+    mixtures = plan["mixtures"][:n]
+    if len(mixtures) < n:
+        raise SystemExit(f"{run}: plan_0.json holds {len(mixtures)} mixtures, fewer than --proxies {n}")
+    return [_task(cfg, RunPaths(run), f"bench-{j}", 0, m["weights"], cfg.search.seed) for j, m in enumerate(mixtures)]
+
+
+def _child(mode: str, run: Path, n: int, processes: int, out: Path) -> None:
+    """Train the proxies one way in this (fresh) process and write their records and the wall time."""
+    if mode == "serial":
+        import torch
+        torch.set_num_threads(1)
+    import torch
+    from climb.executor import LocalExecutor
+    from climb.proxy import train_and_score
+    tasks = _tasks(run, n)
+    t0 = time.perf_counter()
+    with LocalExecutor(processes if mode == "processes" else 1) as ex:
+        recs = ex.map(train_and_score, tasks, desc=mode, parallel=True)
+    wall = time.perf_counter() - t0
+    keep = [{k: r[k] for k in ("mixture_id", "status", "objective", "metrics", "tokens")} for r in recs]
+    out.write_text(json.dumps({"mode": mode, "wall_s": wall, "torch_threads": torch.get_num_threads(),
+                               "records": keep}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, required=True, help="a finished run folder (search done)")
+    ap.add_argument("--proxies", type=int, default=8)
+    ap.add_argument("--processes", type=int, default=0, help="worker processes (0: the cores available)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--child", nargs=2, metavar=("MODE", "FILE"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    from climb.workers import cpu_slots
+    procs = a.processes or cpu_slots()
+    if a.child:
+        _child(a.child[0], a.run, a.proxies, procs, Path(a.child[1]))
+        return
+    res = {}
+    for mode in ("inprocess", "serial", "processes"):
+        f = a.out.with_suffix(f".{mode}.tmp")
+        subprocess.run([sys.executable, __file__, "--run", str(a.run), "--proxies", str(a.proxies),
+                        "--processes", str(procs), "--child", mode, str(f)], check=True)
+        res[mode] = json.loads(f.read_text())
+        f.unlink()
+        print(f"{mode}: {res[mode]['wall_s']:.1f} s for {a.proxies} proxies", flush=True)
+    rate = {m: 60 * a.proxies / r["wall_s"] for m, r in res.items()}
+    same = res["processes"]["records"] == res["serial"]["records"]
+    obj = {m: [r["objective"] for r in res[m]["records"]] for m in res}
+    diff_inproc = max(abs(x - y) for x, y in zip(obj["processes"], obj["inprocess"]))
+    out = {
+        "benchmark": "swarm_processes", "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "run": str(a.run),
+        "proxies": a.proxies, "processes": procs, "cpu_count": os.cpu_count(), "machine": platform.machine(),
+        "load_average_after": os.getloadavg(),
+        "proxies_per_min": {m: round(v, 3) for m, v in rate.items()},
+        "wall_s": {m: round(r["wall_s"], 2) for m, r in res.items()},
+        "torch_threads": {m: r["torch_threads"] for m, r in res.items()},
+        "ratio_processes_vs_inprocess": round(rate["processes"] / rate["inprocess"], 3),
+        "processes_equal_serial_bit_for_bit": same,
+        "max_abs_objective_diff_vs_inprocess": diff_inproc,
+        "objectives": obj,
+    }
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({k: out[k] for k in ("proxies_per_min", "ratio_processes_vs_inprocess",
+                                          "processes_equal_serial_bit_for_bit", "max_abs_objective_diff_vs_inprocess",
+                                          "load_average_after")}, indent=1))
+    if not same:
+        raise SystemExit("the worker processes' records differ from the serial run's")
+
+
+if __name__ == "__main__":
+    main()
