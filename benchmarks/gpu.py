@@ -74,8 +74,9 @@ def embed(args) -> dict:
     ref = base.encode(texts, batch_size=32)
     _sync(args.device)
     t_base = time.perf_counter() - t0
+    # backend "torch" (what "auto" picks on CUDA) also on a CPU: the FLOP count below reads its weights.
     cfg = EmbedConfig(max_seq_length=window, batch_size=512 if args.device.startswith("cuda") else 64,
-                      device=args.device)
+                      device=args.device, backend="torch")
     model = load_model(cfg)
     encode(model, texts[:256], cfg)
     _sync(args.device)

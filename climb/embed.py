@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from .config import CorpusConfig, EmbedConfig, RunConfig
 from .device import resolve_device, resolve_dtype
+from .embed_backend import resolve_backend, to_openvino
 from .executor import make_executor
 from .io import InputError, atomic_path, file_name, fingerprint, is_url, read_documents, write_parquet
 from .stage import RunPaths, begin, finish, is_done, skipped, stage_key
@@ -39,14 +40,31 @@ def model_path(name: str) -> str:
 
 
 def load_model(cfg: EmbedConfig):
+    """The SentenceTransformer for `cfg`, on the backend `embed.backend` resolves to (one per process)."""
     device = resolve_device(cfg.device)
-    key = (cfg.model, device, cfg.dtype, cfg.max_seq_length)
+    backend = resolve_backend(cfg.backend, device)
+    key = (cfg.model, device, cfg.dtype, cfg.max_seq_length, cfg.backend, backend)
     if key not in _MODELS:
         from sentence_transformers import SentenceTransformer
-        dtype = resolve_dtype(cfg.dtype, device)
-        model = SentenceTransformer(model_path(cfg.model), device=device,
-                                    model_kwargs={"torch_dtype": dtype})
-        model.max_seq_length = cfg.max_seq_length
+        model = None
+        if backend == "openvino":
+            # Converted from the fp32 weights; the precision is OpenVINO's to choose (embed.dtype).
+            model = SentenceTransformer(model_path(cfg.model), device="cpu")
+            model.max_seq_length = cfg.max_seq_length
+            try:
+                to_openvino(model, cfg.model, cfg.dtype)
+            except Exception as e:
+                if cfg.backend != "auto":
+                    raise
+                log.warning("embed: OpenVINO failed for %s (%s: %s); embedding with torch instead",
+                            cfg.model, type(e).__name__, e)
+                model = None
+        if model is None:
+            dtype = resolve_dtype(cfg.dtype, device)
+            model = SentenceTransformer(model_path(cfg.model), device=device,
+                                        model_kwargs={"torch_dtype": dtype})
+            model.max_seq_length = cfg.max_seq_length
+            model.climb_backend = f"torch-{str(dtype).removeprefix('torch.')}"
         _MODELS[key] = model
     return _MODELS[key]
 
@@ -132,7 +150,8 @@ def embed_shard(task: dict) -> dict:
     write_parquet(ids_file, table)
     secs = time.time() - t0
     log.info("embed %s: %d docs in %.1fs (%.0f docs/s)", name, len(ids), secs, len(ids) / max(secs, 1e-9))
-    return {"shard": name, "docs": len(ids), "seconds": secs, "skipped": dict(skip), "resumed": False}
+    return {"shard": name, "docs": len(ids), "seconds": secs, "skipped": dict(skip), "resumed": False,
+            "backend": getattr(model, "climb_backend", "")}
 
 
 def _damaged(path: Path, e: Exception) -> InputError:
@@ -192,7 +211,8 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
     secs = time.time() - t0
     stats = {"docs": docs, "shards": [r["shard"] for r in results], "skipped": dict(skip),
              "docs_per_s": round(docs / max(secs, 1e-9), 1), "device": resolve_device(cfg.embed.device),
-             "model": cfg.embed.model}
+             "model": cfg.embed.model,
+             "backend": sorted({r["backend"] for r in results if r.get("backend")})}
     log.info("embed: %d docs from %d shards, %.0f docs/s, skipped %s", docs, len(files),
              stats["docs_per_s"], dict(skip) or "none")
     return finish(paths, "embed", key, stats, t0)

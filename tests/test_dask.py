@@ -146,6 +146,9 @@ def test_dask_run_equals_local_run(corpus, local_run, shared_clusters, tmp_path)
         np.testing.assert_array_equal(np.load(a / "embed" / f), np.load(b / "embed" / f))
     for f in _files(a / "embed", "*.ids.parquet"):
         _assert_tables_equal(a / "embed" / f, b / "embed" / f)
+    # ... from the same embedding backend (embed.backend travels with the tasks)
+    backends = [_json(r.manifest("embed"))["stats"]["backend"] for r in (local_run, dask_run)]
+    assert backends[0] == backends[1] and len(backends[0]) == 1, backends
     # cluster: centroids, fine and final assignments, the summary
     np.testing.assert_array_equal(np.load(a / "cluster" / "centroids.npy"), np.load(b / "cluster" / "centroids.npy"))
     for sub in ("fine", "assign"):
