@@ -52,10 +52,11 @@ class EmbedConfig:
     # "auto": bf16 on CUDA and on CPUs with native bf16 kernels, fp32 elsewhere;
     # or "fp32", "fp16", "bf16" (on the OpenVINO backend: its inference precision).
     dtype: str = "auto"
-    # "auto": OpenVINO on a CPU (measured 3.7-4.2x plain torch fp32 at cosine 0.9999;
-    # converted once from the local weights, cached under $HF_HOME/climb), torch
-    # elsewhere; or "torch", "openvino".
-    backend: str = "auto"
+    # "torch" (plain sentence-transformers); "openvino"; or "auto": OpenVINO on a CPU
+    # (measured 3.7-4.2x plain torch fp32 at cosine 0.9999; converted once from the
+    # local weights, cached under $HF_HOME/climb), torch elsewhere. Not yet the
+    # default: the demo's answer is verified on torch embeddings (BENCHMARKS.md).
+    backend: str = "torch"
 
 
 @dataclass(frozen=True)

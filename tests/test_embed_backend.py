@@ -42,8 +42,8 @@ def test_backend_must_be_known(value):
         load_config(None, [f'embed.backend="{value}"'])
 
 
-def test_backend_defaults_to_auto_and_accepts_each_choice():
-    assert load_config(None, []).embed.backend == "auto"
+def test_backend_defaults_to_torch_and_accepts_each_choice():
+    assert load_config(None, []).embed.backend == "torch"
     for value in ("auto", "torch", "openvino"):
         assert load_config(None, [f'embed.backend="{value}"']).embed.backend == value
 
