@@ -54,12 +54,8 @@ def main() -> None:
         runs = compare(cfg, RunPaths(work), ex, mixtures)
     table, verdicts = comparison_table(cfg, runs)
     own = cfg.search.eval_seed + load_config(a.run / "config.toml").search.eval_seeds
-    first = {}
-    from climb.quality import paired_comparison
-    for n in verdicts:  # the run's own seeds alone, recomputed from the same records
-        seeds = [s for s in sorted(runs[n]) if s < own]
-        first[n] = paired_comparison([runs["climb"][s]["objective"] for s in seeds],
-                                     [runs[n][s]["objective"] for s in seeds], cfg.target.goal)
+    # the run's own seeds alone, judged from the same records
+    _, first = comparison_table(cfg, {n: {s: r for s, r in per.items() if s < own} for n, per in runs.items()})
     out = {"run": str(a.run), "seeds": a.seeds, "seconds": round(time.time() - t0, 1), "means": table,
            "verdicts": verdicts, "verdicts_run_seeds": first,
            "per_seed": {n: {str(s): r["objective"] for s, r in per.items()} for n, per in runs.items()}}

@@ -48,10 +48,9 @@ def _tasks(run: Path, n: int) -> list[dict]:
 
 def _child(mode: str, run: Path, n: int, processes: int, out: Path) -> None:
     """Train the proxies one way in this (fresh) process and write their records and the wall time."""
-    if mode == "serial":
-        import torch
-        torch.set_num_threads(1)
     import torch
+    if mode == "serial":
+        torch.set_num_threads(1)
     from climb.executor import LocalExecutor
     from climb.proxy import train_and_score
     tasks = _tasks(run, n)

@@ -50,7 +50,7 @@ def proxy_processes(proxy_cfg, executor_cfg) -> int:
         return 1
     if executor_cfg.processes > 0:
         return executor_cfg.processes
-    if getattr(proxy_cfg, "lookup", ""):
+    if proxy_cfg.lookup:
         return 1  # a look-up is instant; worker processes would only cost their start-up
     if proxy_cfg.command or resolve_device(proxy_cfg.device) != "cpu":
         return 1

@@ -228,17 +228,23 @@ def run_proxies(cfg: RunConfig, ex, tasks: list[dict], desc: str, on_record) -> 
     return out
 
 
-def final_mixture(cfg: RunConfig, space: dict, results: list[dict]) -> dict:
+def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | None = None,
+                  source: str = "search/results.jsonl") -> dict:
+    """The mixture the results point to, by `search.final` (or `rule`, e.g. "predicted")."""
+    from dataclasses import replace as dc_replace
     from .strategy import final_pick, from_search_config
     sc = cfg.search
     ok = _ok_sorted(results)
     if len(ok) < 2:
-        raise RuntimeError(f"only {len(ok)} proxies succeeded; see {len(results)} records in search/results.jsonl")
+        raise RuntimeError(f"only {len(ok)} proxies succeeded; see {len(results)} records in {source}")
     X = np.array([r["weights"] for r in ok])
     y = np.array([r["objective"] for r in ok])
     fixed = fixed_candidates(cfg, space)
     pool = fixed if fixed is not None else _candidates(cfg, space, sc.pool_size, sc.seed + 99_991)
-    pick = final_pick(X, y, cfg.target.goal, pool, from_search_config(sc), sc.seed)
+    strategy = from_search_config(sc)
+    if rule is not None:
+        strategy = dc_replace(strategy, final=rule, final_top_k=1)
+    pick = final_pick(X, y, cfg.target.goal, pool, strategy, sc.seed)
     w = np.where(space["usable"], pick["weights"], 0.0)
     w /= w.sum()
     best_seen = ok[int(np.argmin(goal_sign(cfg.target.goal) * y))]
@@ -378,8 +384,6 @@ def one_shot(cfg: RunConfig, paths: RunPaths, ex, space: dict, results: list[dic
     (the first ones are iteration 1's, already trained), the predictor fitted once, and the best
     predicted mixture of a fresh pool taken, whatever `search.final` says for climb's own pick.
     With `search.candidates`, the mixtures and the pick come from the candidate set."""
-    from dataclasses import replace as dc_replace
-    from .strategy import final_pick, from_search_config
     sc = cfg.search
     total = sum(sc.iterations)
     fixed = fixed_candidates(cfg, space)
@@ -401,20 +405,11 @@ def one_shot(cfg: RunConfig, paths: RunPaths, ex, space: dict, results: list[dic
         log.info("one-shot baseline: %d more proxies from the initial distribution", len(tasks))
         run_proxies(cfg, ex, tasks, "one-shot proxies", keep)
     recs = [trained.get(f"it0-{j:03d}") or have[f"oneshot-{j:03d}"] for j in range(len(pool))]
-    ok = _ok_sorted(recs)
-    if len(ok) < 2:
-        raise RuntimeError(f"one-shot baseline: only {len(ok)} of {len(recs)} proxies succeeded")
-    X = np.array([r["weights"] for r in ok])
-    y = np.array([r["objective"] for r in ok])
-    cand = fixed if fixed is not None else _candidates(cfg, space, sc.pool_size, sc.seed + 99_991)
-    strategy = dc_replace(from_search_config(sc), final="predicted", final_top_k=1)
-    pick = final_pick(X, y, cfg.target.goal, cand, strategy, sc.seed)
-    w = np.where(space["usable"], pick["weights"], 0.0)
-    w /= w.sum()
+    pick = final_mixture(cfg, space, recs, rule="predicted", source="search/one_shot.json")
     write_json(paths.root / "search" / "one_shot_mixture.json",
-               {"weights": w.tolist(), "predicted": pick["predicted"], "predictor": pick["predictor"],
-                "proxies": len(recs), "succeeded": len(ok)})
-    return w.tolist()
+               {"weights": pick["weights"], "predicted": pick["predicted"], "predictor": pick["predictor"],
+                "proxies": len(recs), "succeeded": len(_ok_sorted(recs))})
+    return pick["weights"]
 
 
 def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict) -> dict:
