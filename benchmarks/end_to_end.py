@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("embed", "cluster", "search", "export", "report")
+STAGES = ("embed", "cluster", "search", "validate", "export", "report")
 KEEP = {"embed": ("docs", "docs_per_s", "device"), "cluster": ("docs", "k", "clusters", "pruned"),
-        "search": ("proxies", "failed", "clusters", "comparison"), "export": ("docs", "tokens", "files"),
+        "search": ("proxies", "failed", "clusters", "comparison"),
+        "validate": ("models", "trained", "failed", "verdicts", "rank_spearman"), "export": ("docs", "tokens", "files"),
         "report": ("figures",)}
 
 

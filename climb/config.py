@@ -210,6 +210,37 @@ class SearchConfig:
 
 
 @dataclass(frozen=True)
+class ValidateConfig:
+    # Does the mixture transfer? A larger model is trained on the found mixture and
+    # on the baselines with paired seeds, and on mixtures of the search spanning its
+    # range of proxy scores (climb/validate.py). `climb validate` always runs it;
+    # `climb run` only when enabled.
+    enabled: bool = False
+    # The larger model: the proxy's width (n_embd), depth (n_layer) and tokens
+    # (steps) multiplied by these; `model` sets any [proxy] field outright on top,
+    # e.g. {n_embd = 256, lr = 1e-3}, or {command = "..."} for your own trainer.
+    width: int = 2
+    depth: int = 2
+    tokens: int = 2
+    model: dict[str, Any] = field(default_factory=dict)
+    # Paired seeds (seed, seed + 1, ...) for each compared mixture; the search never uses them.
+    seeds: int = 3
+    seed: int = 20_011
+    # Mixtures compared with the found one; empty = the search's baselines.
+    baselines: tuple[str, ...] = ()
+    # Search mixtures trained at the larger size to measure rank transfer (0: none),
+    # chosen evenly over the range of their proxy scores, with `rank_seeds` seeds each.
+    rank_mixtures: int = 8
+    rank_seeds: int = 1
+    # Held-out evaluations the search never saw: texts (bits per byte) and task files
+    # (acc, gold_loss_per_byte), reported beside the target whichever way they fall.
+    texts: tuple[str, ...] = ()
+    text_column: str = "text"
+    tasks: dict[str, str] = field(default_factory=dict)
+    task_limit: int = 0
+
+
+@dataclass(frozen=True)
 class ExportConfig:
     # Tokens (of the proxy tokenizer) to export; 0 = as many as the corpus gives
     # without exceeding any cluster's epoch cap.
@@ -254,6 +285,7 @@ class RunConfig:
     target: TargetConfig = field(default_factory=TargetConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    validate: ValidateConfig = field(default_factory=ValidateConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
 
 
@@ -396,6 +428,65 @@ def validate(cfg: RunConfig) -> None:
     if cfg.search.candidates and cfg.search.final_top_k > 1:
         raise ConfigError("search.final_top_k > 1 averages mixtures, which leaves the candidate set "
                           "search.candidates; use 1")
+    _check_validate(cfg)
+
+
+# [proxy] fields the validation model may not change: it reads the search's token store.
+FIXED_FOR_VALIDATION = ("tokenizer", "vocab_size", "tokenizer_docs", "lookup", "lookup_weights", "lookup_key")
+
+
+def validation_model(cfg: RunConfig) -> ProxyConfig:
+    """The larger model of the validate stage: [proxy] scaled by validate.width/depth/tokens,
+    then validate.model's fields set outright. A proxy time limit scales with the compute."""
+    v, pc = cfg.validate, cfg.proxy
+    scaled = {"n_embd": pc.n_embd * v.width, "n_layer": pc.n_layer * v.depth, "steps": pc.steps * v.tokens,
+              "timeout_s": pc.timeout_s * v.width ** 2 * v.depth * v.tokens}
+    bad = sorted(set(v.model) & set(FIXED_FOR_VALIDATION))
+    if bad:
+        raise ConfigError(f"validate.model may not set {bad}: the validation model reads the search's token "
+                          "store, so it keeps the proxy's tokenizer")
+    try:
+        return _build(ProxyConfig, {**to_dict(pc), **scaled, **v.model}, "validate.model")
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("[validate.model]", "validate.model")) from None
+
+
+def _check_validate(cfg: RunConfig) -> None:
+    v = cfg.validate
+    if v.seeds < 3:
+        raise ConfigError(f"validate.seeds must be at least 3 (paired seeds give each difference its "
+                          f"interval), got {v.seeds}")
+    _at_least(cfg, 1, "validate.width", "validate.depth", "validate.tokens", "validate.rank_seeds")
+    _at_least(cfg, 0, "validate.task_limit")
+    if v.rank_mixtures and v.rank_mixtures < 4:
+        raise ConfigError(f"validate.rank_mixtures must be 0 (no rank check) or at least 4 for a rank "
+                          f"correlation, got {v.rank_mixtures}")
+    unknown = set(v.baselines) - {"uniform", "natural", "one-shot"}
+    if unknown:
+        raise ConfigError(f"validate.baselines: unknown {sorted(unknown)}; choose from uniform, natural, one-shot")
+    if "one-shot" in v.baselines and "one-shot" not in cfg.search.baselines:
+        raise ConfigError('validate.baselines has "one-shot", which only a search with "one-shot" in '
+                          "search.baselines computes; add it there or drop it here")
+    m = validation_model(cfg)
+    if m.n_embd % m.n_head:
+        raise ConfigError(f"validate: the model's n_embd={m.n_embd} must be a multiple of its n_head={m.n_head}")
+    for name in ("steps", "batch_size", "seq_len", "n_layer", "n_head", "n_embd"):
+        if getattr(m, name) < 1:
+            raise ConfigError(f"validate.model.{name} must be at least 1, got {getattr(m, name)}")
+    if not m.lr > 0:
+        raise ConfigError(f"validate.model.lr must be positive, got {m.lr}")
+    if m.schedule not in ("cosine", "wsd") or m.precision not in ("auto", "bf16", "fp32") \
+            or m.swarm not in ("auto", "stacked", "single"):
+        raise ConfigError("validate.model: schedule, precision and swarm take the values [proxy] does "
+                          f"(got {m.schedule!r}, {m.precision!r}, {m.swarm!r})")
+    if m.command:
+        check_command(m.command)
+        if v.texts or v.tasks:
+            raise ConfigError("validate.texts / validate.tasks are evaluated by the built-in trainer; with an "
+                              "external trainer (proxy.command or validate.model.command) leave them empty")
+    if cfg.proxy.lookup and "command" not in v.model:
+        raise ConfigError("validate trains models, but proxy.lookup stands in for training; set "
+                          "validate.model.command to a trainer, or do not validate this run")
 
 
 def check_run_dir(run_dir: str | Path) -> None:

@@ -2,7 +2,7 @@
 
     from climb import pipeline
     cfg = pipeline.load("pipelines/demo.toml", ["search.iterations=[8,4]"])
-    pipeline.run_all(cfg, "runs/demo")          # embed -> cluster -> search -> export -> report
+    pipeline.run_all(cfg, "runs/demo")          # embed -> cluster -> search [-> validate] -> export -> report
     pipeline.run_stage("cluster", cfg, "runs/demo")
 
 Both hold the run folder's lock (climb.runlock) while they run: a second
@@ -17,14 +17,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from . import cluster, embed, export, report, search
+from . import cluster, embed, export, report, search, validate
 from .config import RunConfig, check_run_dir, load_config
 from .runlock import hold
-from .stage import STAGES, RunPaths
+from .stage import OPTIONAL, STAGES, RunPaths
 
 log = logging.getLogger(__name__)
-_RUN = {"embed": embed.run, "cluster": cluster.run, "search": search.run, "export": export.run,
-        "report": report.run}
+_RUN = {"embed": embed.run, "cluster": cluster.run, "search": search.run, "validate": validate.run,
+        "export": export.run, "report": report.run}
 
 
 def load(config: str | Path | None, overrides=()) -> RunConfig:
@@ -42,8 +42,9 @@ def run_stage(stage: str, cfg: RunConfig, run_dir: str | Path, with_deps: bool =
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
     paths = _paths(run_dir)
     order = STAGES[: STAGES.index(stage) + 1] if with_deps else (stage,)
-    # export is not a dependency of report; it runs when asked or with `run`.
-    order = tuple(s for s in order if s != "export" or stage == "export")
+    # export is not a dependency of report; it runs when asked or with `run`. validate runs
+    # when asked, or before a later stage when the config enables it.
+    order = tuple(s for s in order if s == stage or (s != "export" and _enabled(cfg, s)))
     stats = {}
     with hold(paths.root):
         paths.save_config(cfg)
@@ -62,6 +63,12 @@ def run_all(cfg: RunConfig, run_dir: str | Path) -> dict:
         paths.save_config(cfg)
         export.check_destination(cfg, paths)
         for s in STAGES:
+            if not _enabled(cfg, s):
+                continue
             log.info("== %s ==", s)
             out[s] = _RUN[s](cfg, paths)
     return out
+
+
+def _enabled(cfg: RunConfig, stage: str) -> bool:
+    return stage not in OPTIONAL or getattr(cfg, stage).enabled

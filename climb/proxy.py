@@ -103,6 +103,15 @@ def evaluate(model, tokenizer, tc: TargetConfig, run_dir: Path, device: str) -> 
     return metrics
 
 
+def evaluate_task_metrics(model, tokenizer, task: dict, device: str) -> dict:
+    """The target's metrics, and the held-out ones (`task["heldout"]`, a TargetConfig) as heldout/<name>."""
+    metrics = evaluate(model, tokenizer, task["target"], Path(task["run_dir"]), device)
+    if task.get("heldout") is not None:
+        held = evaluate(model, tokenizer, task["heldout"], Path(task["run_dir"]), device)
+        metrics.update({f"heldout/{k}": v for k, v in held.items()})
+    return metrics
+
+
 def _stamp(path: Path | str) -> tuple:
     if is_url(path):
         return tuple(fingerprint([path])[0])
@@ -253,7 +262,7 @@ def _builtin_stacked(tasks: list[dict]) -> list:
 
     def thunk(task: dict, model, stats: dict):
         def run() -> tuple[dict, int]:
-            metrics = evaluate(model, tok, task["target"], Path(task["run_dir"]), device)
+            metrics = evaluate_task_metrics(model, tok, task, device)
             metrics["train_loss"] = float(stats["final_loss"])
             return metrics, int(stats["tokens"])
         return run
@@ -270,7 +279,7 @@ def _builtin(task: dict, deadline: float | None = None) -> tuple[dict, int]:
     sampler = _sampler(store, weights, pc, task["seed"], device)
     mcfg, tcfg = _configs(pc, tok)
     model, stats = train(mcfg, tcfg, sampler, seed=task["seed"], device=device, deadline=deadline)
-    metrics = evaluate(model, tok, task["target"], Path(task["run_dir"]), device)
+    metrics = evaluate_task_metrics(model, tok, task, device)
     metrics["train_loss"] = float(stats["final_loss"])
     log.info("proxy %s: objective inputs %s, %.0f tok/s", task["mixture_id"],
              {k: round(v, 4) for k, v in metrics.items()}, stats["tokens_per_s"])

@@ -14,6 +14,8 @@ already has into the figures that say whether its differences mean anything:
 - `paired_comparison`: for two mixtures trained with the same seeds, the mean
   difference, a 95% paired-t interval and a verdict: "better", "worse" or
   "not resolved" when the interval spans zero.
+- `rank_transfer`: the Spearman between two scores of the same mixtures (proxies
+  against a larger model), with a permutation p-value and an approximate interval.
 - `warnings`: what to change when the signal is too weak to search on.
 
     from climb.quality import paired_comparison
@@ -118,6 +120,33 @@ def oof_spearman(X, y, predictor: str, seed: int = 0, folds: int = 5) -> float |
     if np.ptp(pred) == 0:
         return None
     return float(stats.spearmanr(pred, y).statistic)
+
+
+def rank_transfer(small, large, level: float = 0.95) -> dict:
+    """Spearman between two scores of the same mixtures (proxy vs larger model).
+
+    With it: a one-sided permutation p-value for "no rank agreement" (exact up to 8
+    mixtures), and an approximate interval from Fisher's z with Bonett and Wright's
+    (2000) standard error for Spearman, sqrt((1 + r^2 / 2) / (n - 3)), given when
+    |r| < 1 (at +-1 that interval degenerates; the p-value still says how surprising
+    the agreement is). Pairs with a missing score are left out.
+    """
+    a, b = np.asarray(small, dtype=np.float64), np.asarray(large, dtype=np.float64)
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    n = len(a)
+    if n < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return {"spearman": None, "ci95": None, "p_value": None, "n": n}
+    r = float(stats.spearmanr(a, b).statistic)
+    ci = None
+    if n > 3 and abs(r) < 1:
+        z, se = np.arctanh(r), np.sqrt((1 + r * r / 2) / (n - 3))
+        q = stats.norm.ppf(0.5 + level / 2)
+        ci = [float(np.tanh(z - q * se)), float(np.tanh(z + q * se))]
+    # Permuting one score against the other: n! orderings, all of them up to n = 8.
+    perm = stats.permutation_test((a,), lambda x: stats.spearmanr(x, b).statistic, permutation_type="pairings",
+                                  alternative="greater", n_resamples=50_000, random_state=0)
+    return {"spearman": r, "ci95": ci, "p_value": float(perm.pvalue), "n": n}
 
 
 def snr(swarm_values, paired_sd: float | None) -> float | None:

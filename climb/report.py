@@ -5,7 +5,8 @@ sized by documents), objective by iteration, predicted vs measured, and the
 final weights against the natural token shares. The page ends with the
 comparison table (found mixture vs uniform vs natural, each the mean of fresh
 proxies trained with seeds the search never used), which is also printed and
-written as `report/summary.json`.
+written as `report/summary.json`. When the validate stage has run, a "Does it
+transfer?" section gives the larger model's verdicts and the rank transfer plot.
 
     climb report --config pipelines/demo.toml --run runs/demo
 """
@@ -156,9 +157,92 @@ def quality_lines(q: dict) -> str:
     return "\n".join(lines)
 
 
+def plot_transfer(summary: dict, name: str, out: Path) -> str | None:
+    """Proxy score against the larger model's score, one point per validated mixture."""
+    pts = [q for q in summary["points"] if q["proxy"] is not None and q["validation"] is not None]
+    if len(pts) < 2:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for role, color, label in (("rank", "#4c72b0", "search mixtures"), ("compared", "#c44e52", "compared mixtures")):
+        sel = [q for q in pts if q["role"] == role]
+        if sel:
+            ax.scatter([q["proxy"] for q in sel], [q["validation"] for q in sel], color=color, label=label)
+    for q in pts:
+        if q["role"] == "compared":
+            ax.annotate(q["name"], (q["proxy"], q["validation"]), fontsize=8, xytext=(4, 4),
+                        textcoords="offset points")
+    r = summary["rank"]
+    rho = "n/a" if r["spearman"] is None else f"{r['spearman']:+.2f}"
+    ax.set_xlabel(f"proxy {name}")
+    ax.set_ylabel(f"larger model {name}")
+    ax.set_title(f"Rank transfer (Spearman over search mixtures {rho})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "transfer.png", dpi=110)
+    plt.close(fig)
+    return "transfer.png"
+
+
+def _comparison_rows(block: dict, label: str) -> list[str]:
+    rows = []
+    for n, c in block["comparison"].items():
+        if c.get("ci95"):
+            diff = f"{c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]"
+            verdict = f"climb {c['verdict']}" if c["verdict"] != "not resolved" else "not resolved"
+        else:
+            diff, verdict = "n/a", "not resolved"
+        ours, theirs = block["means"].get("climb"), block["means"].get(n)
+        fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
+        rows.append(f"| {label} ({block['goal']}) | {n} | {fmt(ours)} | {fmt(theirs)} | {diff} | {verdict} |")
+    return rows
+
+
+def transfer_section(v: dict) -> str:
+    """"Does it transfer?": the larger model's verdicts (target and held-out) and the rank statistic."""
+    m, px = v["model"], v["proxy"]
+    size = (f"{m['n_layer']} layers x {m['n_embd']} wide"
+            + (f", {m['parameters']:,} parameters" if m.get("parameters") else "")
+            + f", {m['tokens']:,} training tokens")
+    small = (f"{px['n_layer']} x {px['n_embd']}" + (f", {px['parameters']:,} parameters" if px.get("parameters")
+                                                      else "") + f", {px['tokens']:,} tokens")
+    rows = _comparison_rows(v["target"], f"target {v['target']['name']}")
+    for metric, block in v["heldout"].items():
+        rows += _comparison_rows(block, f"held-out {metric[len('heldout/'):]}")
+    r = v["rank"]
+    if r["spearman"] is None:
+        rank = "Rank transfer: not measured (fewer than 3 search mixtures validated)."
+    else:
+        ci = f", 95% interval [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]" if r["ci95"] else ""
+        a = r["all_mixtures"]
+        rank = (f"Rank transfer: Spearman between proxy score and larger-model score **{r['spearman']:+.2f}**{ci} "
+                f"over {r['n']} search mixtures chosen across the range of proxy scores"
+                + (f" ({a['spearman']:+.2f} over all {a['n']} validated mixtures)." if a["spearman"] is not None
+                   else "."))
+    return "\n".join([
+        f"A larger model ({size}; the proxies: {small}) trained on each mixture with the same "
+        f"{len(v['seeds'])} paired seeds ({v['seeds'][0]}..{v['seeds'][-1]}). Held-out evaluations were never seen "
+        "by the search.", "",
+        "| evaluation | vs | climb | baseline | climb − baseline (95% CI) | verdict |",
+        "| --- | --- | --- | --- | --- | --- |", *rows, "", rank])
+
+
+def _validation(cfg: RunConfig, paths: RunPaths) -> tuple[dict | None, str]:
+    """The validate stage's summary and manifest hash, if it finished for the current search and config."""
+    from . import validate
+    if not paths.manifest("validate").exists():
+        return None, ""
+    vkey = upstream_hash(paths, "validate")
+    if read_json(paths.manifest("validate")).get("hash") != validate.stage_hash(cfg, paths):
+        log.info("report: validate/ is from another search or config; run `climb validate` to bring it up to date")
+        return None, ""
+    return read_json(paths.root / "validate" / "summary.json"), vkey
+
+
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
     t0 = time.time()
-    key = stage_key(upstream_hash(paths, "search"), cfg.name)
+    validation, vkey = _validation(cfg, paths)
+    key = stage_key(upstream_hash(paths, "search"), cfg.name, *([vkey] if vkey else []))
     if is_done(paths, "report", key):
         out = paths.root / "report"
         print("\n" + summary_table(read_json(out / "summary.json")) + f"\n\nreport: {out / 'report.md'}\n")
@@ -189,6 +273,13 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
     figs = plot_clusters(clusters, np.load(paths.root / "cluster" / "cluster_centroids.npy"), out)
     figs += plot_search(results, plans, cfg.target.goal, name, out)
     figs.append(plot_weights(np.array(mix["weights"]), np.array(mix["natural"]), clusters, out))
+    transfer = ""
+    if validation is not None:
+        summary["transfer"] = {k: validation[k] for k in ("model", "seeds", "target", "heldout", "rank")}
+        fig = plot_transfer(validation, name, out)
+        figs += [fig] if fig else []
+        transfer = "## Does it transfer?\n\n" + transfer_section(validation) + "\n\n" + \
+            ("![transfer](transfer.png)\n\n" if fig else "")
     write_json(out / "summary.json", summary)
     w, nat = np.array(mix["weights"]), np.array(mix["natural"])
     rows = "\n".join(f"| {c['cluster']} | {c['docs']} | {nat[i]:.3f} | {w[i]:.3f} | {', '.join(c['top_terms'][:6])} |"
@@ -217,7 +308,7 @@ Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy see
 
 ![weights](weights.png)
 
-## Search
+{transfer}## Search
 
 ![score by iteration](score_by_iteration.png)
 {"![predicted vs measured](predicted_vs_measured.png)" if "predicted_vs_measured.png" in figs else ""}
@@ -232,5 +323,7 @@ Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy see
 ![map](cluster_map.png)
 """
     (out / "report.md").write_text(page)
-    print("\n" + summary_table(summary) + "\n\n" + quality_lines(quality) + f"\n\nreport: {out / 'report.md'}\n")
+    print("\n" + summary_table(summary) + "\n\n" + quality_lines(quality)
+          + (f"\n\nDoes it transfer?\n{transfer_section(validation)}" if validation is not None else "")
+          + f"\n\nreport: {out / 'report.md'}\n")
     return finish(paths, "report", key, {"figures": figs, "summary": summary}, t0)

@@ -1,7 +1,7 @@
 """Run folders, stage manifests and the skip-if-unchanged rule.
 
 A run lives in one folder: `<run>/{config.toml, embed/, cluster/, search/,
-export/, report/}`. Each stage writes `manifest.json` last, holding a hash of
+validate/, export/, report/}`. Each stage writes `manifest.json` last, holding a hash of
 the config sections it depends on, its upstream manifests' hashes and its input
 fingerprints, and the size and mtime_ns of every file the stage wrote. A
 stage whose manifest hash matches and whose files are as it left them is
@@ -24,7 +24,9 @@ from .config import RunConfig, section_hash, to_toml
 from .io import InputError, atomic_path, read_json, resolve_corpus_files, write_json
 
 log = logging.getLogger(__name__)
-STAGES = ("embed", "cluster", "search", "export", "report")
+STAGES = ("embed", "cluster", "search", "validate", "export", "report")
+# Stages `climb run` (and a later stage) runs only when the config enables them.
+OPTIONAL = ("validate",)
 # Bookkeeping files of a stage folder, not outputs.
 OWN_FILES = ("manifest.json", "state.json")
 
