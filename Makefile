@@ -13,7 +13,9 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HOME ?= $(CURDIR)/.cache/huggingface
 
-.PHONY: install demo run embed cluster search export report test test-all bench bench-procs bench-e2e clean
+# `make validate`: the larger model on the found mixture, the baselines and search mixtures
+# (the validate stage; the report gains its "Does it transfer?" section).
+.PHONY: install demo run validate embed cluster search export report test test-all bench bench-procs bench-e2e clean
 
 install: $(STAMP)
 
@@ -29,6 +31,9 @@ demo: $(STAMP)
 	$(BIN)/climb run $(ARGS)
 
 run: demo
+
+validate: $(STAMP)
+	$(BIN)/climb run $(ARGS) --set validate.enabled=true
 
 embed cluster search export report: $(STAMP)
 	$(BIN)/climb $@ $(ARGS)
