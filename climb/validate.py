@@ -79,16 +79,15 @@ def baselines(cfg: RunConfig) -> list[str]:
 
 
 def choose_rank_mixtures(records: list[dict], n: int, goal: str) -> list[dict]:
-    """`n` successful search records spread evenly over the range of their proxy scores
-    (best to worst, by rank), repeats of one mixture counted once."""
-    ok = sorted((r for r in records if r["status"] == "ok"),
-                key=lambda r: (goal_sign(goal) * r["objective"], r["mixture_id"]))
+    """`n` successful search records spread evenly (by rank) over the range of their proxy
+    scores, best to worst. A mixture measured twice counts once, by its first record."""
     seen, unique = set(), []
-    for r in ok:
+    for r in sorted((r for r in records if r["status"] == "ok"), key=lambda r: r["mixture_id"]):
         key = tuple(np.round(r["weights"], 9))
         if key not in seen:
             seen.add(key)
             unique.append(r)
+    unique.sort(key=lambda r: (goal_sign(goal) * r["objective"], r["mixture_id"]))
     if n <= 0 or not unique:
         return []
     if n >= len(unique):
