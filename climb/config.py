@@ -438,27 +438,9 @@ def to_dict(cfg: Any) -> dict:
 
 
 def to_toml(cfg: RunConfig) -> str:
-    """Serialise a config as TOML (the subset this config uses)."""
-    def val(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return json.dumps(v, ensure_ascii=False)
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(val(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)} = {val(x)}" for k, x in v.items()) + "}"
-        raise TypeError(v)
-
-    d = to_dict(cfg)
-    lines = [f"name = {val(d.pop('name'))}", ""]
-    for section, table in d.items():
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {val(v)}" for k, v in table.items()]
-        lines.append("")
-    return "\n".join(lines)
+    """Serialise a config as TOML (`load_config` reads it back to an equal config)."""
+    import tomli_w
+    return tomli_w.dumps(to_dict(cfg))
 
 
 def without(section: Any, *names: str) -> dict:
