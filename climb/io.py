@@ -279,10 +279,6 @@ def _read_errors() -> tuple:
     return errors
 
 
-def count_bytes(texts: Sequence[str]) -> int:
-    return sum(len(t.encode("utf-8")) for t in texts)
-
-
 @contextmanager
 def atomic_path(path: str | Path):
     """Yield a temporary path next to `path`; rename it into place on success."""
