@@ -21,7 +21,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections import Counter
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -30,6 +29,9 @@ from typing import Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+# The one atomic file writer (temporary file, fsync, rename), shared with the proxies package.
+from proxies.atomic import atomic_path  # noqa: F401  (re-exported: climb.io.atomic_path)
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -277,25 +279,6 @@ def _read_errors() -> tuple:
     except ImportError:
         pass
     return errors
-
-
-@contextmanager
-def atomic_path(path: str | Path):
-    """Yield a temporary path next to `path`; rename it into place on success."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:  # name the file meant, not the temporary one
-        raise type(e)(e.errno, e.strerror, str(path)) from None
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes files private; outputs are meant to be shared
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def write_json(path: str | Path, obj) -> None:
