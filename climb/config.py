@@ -380,7 +380,8 @@ def validate(cfg: RunConfig) -> None:
     if cfg.executor.processes < 0:
         raise ConfigError(f"executor.processes must be >= 0 (0: one per core on a CPU), got {cfg.executor.processes}")
     if not cfg.executor.dask_connect_timeout_s > 0:
-        raise ConfigError(f"executor.dask_connect_timeout_s must be positive, got {cfg.executor.dask_connect_timeout_s}")
+        raise ConfigError("executor.dask_connect_timeout_s must be positive, got "
+                          f"{cfg.executor.dask_connect_timeout_s}")
     if cfg.proxy.swarm_size < 0:
         raise ConfigError(f"proxy.swarm_size must be >= 0 (0: automatic), got {cfg.proxy.swarm_size}")
     _at_least(cfg, 1, "proxy.steps", "proxy.batch_size", "proxy.seq_len", "proxy.n_layer", "proxy.n_head",
