@@ -345,15 +345,20 @@ def write_text(path: str | Path, text: str, staging: str | None = None) -> None:
         Path(tmp).write_text(text)
 
 
+def file_stamp(path: str | Path) -> list[int]:
+    """[size, mtime_ns] of a local file: how climb tells whether a file changed."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
 def fingerprint(paths: Sequence[str | Path]) -> list[list]:
-    """Cheap input fingerprints: name, size and mtime of each local file; for a URL
-    its name, size, ETag (or checksum) and modification time, as the store gives them."""
+    """Cheap input fingerprints: name, size and mtime_ns of each local file (`file_stamp`);
+    for a URL its name, size, ETag (or checksum) and modification time, as the store gives them."""
     out = []
     for p in paths:
         if is_url(p):
             from .remote import fingerprint as remote_fingerprint
             out.append(remote_fingerprint(p))
             continue
-        st = os.stat(p)
-        out.append([str(p), st.st_size, int(st.st_mtime)])
+        out.append([str(p), *file_stamp(p)])
     return out

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
+import os
 from pathlib import Path
 
 import numpy as np
@@ -213,8 +213,11 @@ def test_embed_rerun_after_corpus_change_reembeds(tmp_path, corpus, fake_model, 
     root = tmp_path / "run"
     cfg = _cfg(corpus)
     assert climb.embed.run(cfg, RunPaths(root))["docs"] == 3 * PER_VOCAB
-    time.sleep(1.1)  # fingerprints hold whole-second mtimes
+    stamps = {p: p.stat().st_mtime_ns for p in corpus["files"]}
     write_shards(tmp_path / "corpus", corpus["docs"][:150], SHARDS, extra=("quality",))
+    for p, ns in stamps.items():  # a coarse clock may give the rewrite the same mtime: make it differ
+        if p.stat().st_mtime_ns == ns:
+            os.utime(p, ns=(ns + 1000, ns + 1000))
     stats = climb.embed.run(cfg, RunPaths(root))
     assert "skipped_stage" not in stats
     assert stats["docs"] == 150

@@ -209,3 +209,15 @@ def test_one_atomic_writer_shared_by_climb_and_proxies(tmp_path, monkeypatch):
             "proxies.tokens, proxies.train; assert not [m for m in sys.modules if m.split('.')[0] == 'climb']")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1],
                    env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+
+
+def test_fingerprint_sees_a_sub_second_change_of_a_same_size_file(tmp_path):
+    from climb.io import file_stamp, fingerprint
+    p = tmp_path / "a.jsonl"
+    p.write_text("x" * 10)
+    first = fingerprint([p])[0]
+    st = p.stat()
+    assert first == [str(p), 10, st.st_mtime_ns] and file_stamp(p) == [10, st.st_mtime_ns]
+    p.write_text("y" * 10)  # same size
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))  # one microsecond later
+    assert fingerprint([p])[0] == [str(p), 10, st.st_mtime_ns + 1000] != first
