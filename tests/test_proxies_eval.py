@@ -283,7 +283,6 @@ def test_evaluation_precision_defaults_keep_the_device_default(fake_cuda):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fp32_evaluation_on_cuda_matches_the_cpu():
     model = GPT(GPTConfig(vocab_size=320, n_layer=2, n_head=2, n_embd=32, seq_len=16), seed=1)
     texts = ["a held-out text for the GPU", "with a second document in it"]
