@@ -259,10 +259,3 @@ def load_assignments(paths: RunPaths, shard: str) -> pa.Table:
     except (OSError, pa.ArrowInvalid) as e:
         raise InputError(f"{path}: cannot read the cluster assignments ({e}); run `climb cluster` "
                          "(same --config and --run) to re-create them") from None
-
-
-def cluster_summary(paths: RunPaths) -> dict:
-    return read_json(paths.root / "cluster" / "clusters.json")
-
-
-

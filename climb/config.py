@@ -273,6 +273,18 @@ class ExecutorConfig:
     # Local processes that train proxies, one torch thread each: 0 = one per
     # available core when proxies train on a CPU (1 on a GPU or with proxy.command).
     processes: int = 0
+    # The local Dask cluster's dashboard address, e.g. ":8787" ("": none; needs bokeh,
+    # the climb[dask] extra). Environment: CLIMB_DASK_DASHBOARD.
+    dask_dashboard: str = ""
+    # Memory limit per local Dask worker, e.g. "8GiB" ("": RAM / workers). CLIMB_DASK_MEMORY_LIMIT.
+    dask_memory_limit: str = ""
+    # Share one local Dask cluster between the stages of a run (false: one per stage). CLIMB_DASK_REUSE=0.
+    dask_reuse: bool = True
+    # Seconds to wait for a scheduler at dask_address. CLIMB_DASK_CONNECT_TIMEOUT_S.
+    dask_connect_timeout_s: float = 30.0
+    # When every worker with a resource a task asks for (a GPU) is gone, its waiting
+    # tasks run anywhere after this many seconds. CLIMB_DASK_RESOURCE_GRACE_S.
+    dask_resource_grace_s: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -399,6 +411,9 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("search.replicates and search.replicate_seeds must be >= 0")
     if cfg.executor.processes < 0:
         raise ConfigError(f"executor.processes must be >= 0 (0: one per core on a CPU), got {cfg.executor.processes}")
+    if not cfg.executor.dask_connect_timeout_s > 0:
+        raise ConfigError("executor.dask_connect_timeout_s must be positive, got "
+                          f"{cfg.executor.dask_connect_timeout_s}")
     if cfg.proxy.swarm_size < 0:
         raise ConfigError(f"proxy.swarm_size must be >= 0 (0: automatic), got {cfg.proxy.swarm_size}")
     _at_least(cfg, 1, "proxy.steps", "proxy.batch_size", "proxy.seq_len", "proxy.n_layer", "proxy.n_head",
@@ -407,7 +422,7 @@ def validate(cfg: RunConfig) -> None:
               "embed.max_seq_length", "export.rows_per_shard", "executor.dask_workers",
               "executor.dask_threads_per_worker")
     _at_least(cfg, 0, "proxy.warmup_steps", "proxy.timeout_s", "export.token_budget", "corpus.max_shards",
-              "search.final_top_k", "export.weight_tolerance")
+              "search.final_top_k", "export.weight_tolerance", "executor.dask_resource_grace_s")
     if cfg.proxy.n_embd % cfg.proxy.n_head:
         raise ConfigError(f"proxy.n_embd={cfg.proxy.n_embd} must be a multiple of proxy.n_head={cfg.proxy.n_head}")
     if not cfg.proxy.lr > 0:
@@ -529,27 +544,9 @@ def to_dict(cfg: Any) -> dict:
 
 
 def to_toml(cfg: RunConfig) -> str:
-    """Serialise a config as TOML (the subset this config uses)."""
-    def val(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return json.dumps(v, ensure_ascii=False)
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(val(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{" + ", ".join(f"{json.dumps(k, ensure_ascii=False)} = {val(x)}" for k, x in v.items()) + "}"
-        raise TypeError(v)
-
-    d = to_dict(cfg)
-    lines = [f"name = {val(d.pop('name'))}", ""]
-    for section, table in d.items():
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {val(v)}" for k, v in table.items()]
-        lines.append("")
-    return "\n".join(lines)
+    """Serialise a config as TOML (`load_config` reads it back to an equal config)."""
+    import tomli_w
+    return tomli_w.dumps(to_dict(cfg))
 
 
 def without(section: Any, *names: str) -> dict:

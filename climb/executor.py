@@ -22,15 +22,22 @@ Backends (`[executor]` in the run config, or `--executor/--dask-workers/--dask-a
 A task asks for `resources={"GPU": 1}` only when some worker advertises a `GPU`
 resource (`dask worker --resources GPU=1`); without one it runs anywhere. If
 every worker holding the resource goes away mid-stage, the waiting tasks are
-resubmitted without it after `CLIMB_DASK_RESOURCE_GRACE_S` seconds (default
-120), so the stage finishes on the remaining workers instead of hanging.
+resubmitted without it after `dask_resource_grace_s` seconds (default 120), so
+the stage finishes on the remaining workers instead of hanging.
 
-Environment knobs (all optional):
-- `CLIMB_DASK_DASHBOARD`: dashboard address of the local cluster, e.g. `:8787`
-  (off by default; needs `bokeh`, see the `dask` extra).
-- `CLIMB_DASK_MEMORY_LIMIT`: memory limit per local worker, e.g. `8GiB` (default: RAM / workers).
-- `CLIMB_DASK_REUSE=0`: start and close a local cluster per stage instead of sharing one.
-- `CLIMB_DASK_RESOURCE_GRACE_S`: see above.
+Dask settings in `[executor]` (all optional), each overridden by its environment
+variable when that is set:
+- `dask_dashboard` (`CLIMB_DASK_DASHBOARD`): dashboard address of the local
+  cluster, e.g. `:8787` (off by default; needs `bokeh`, see the `dask` extra).
+- `dask_memory_limit` (`CLIMB_DASK_MEMORY_LIMIT`): memory limit per local worker,
+  e.g. `8GiB` (default: RAM / workers).
+- `dask_reuse` (`CLIMB_DASK_REUSE=0` turns it off): share one local cluster between
+  stages; off, a local cluster is started and closed per stage.
+- `dask_connect_timeout_s` (`CLIMB_DASK_CONNECT_TIMEOUT_S`): seconds to wait for the
+  scheduler at `dask_address` (default 30).
+- `dask_resource_grace_s` (`CLIMB_DASK_RESOURCE_GRACE_S`): see above.
+A `DaskExecutor` made in code takes the same settings as arguments; one left at
+None is the environment variable's value, or the `ExecutorConfig` default.
 """
 from __future__ import annotations
 
@@ -43,6 +50,8 @@ import time
 from typing import Any, Callable, Sequence
 
 from tqdm.auto import tqdm
+
+from .config import ExecutorConfig
 
 log = logging.getLogger(__name__)
 
@@ -124,20 +133,41 @@ def _alive(client, cluster) -> bool:
     return getattr(getattr(cluster, "status", None), "name", "") == "running"
 
 
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
+# ExecutorConfig field -> the environment variable that overrides it when set.
+ENV = {"dask_dashboard": "CLIMB_DASK_DASHBOARD", "dask_memory_limit": "CLIMB_DASK_MEMORY_LIMIT",
+       "dask_reuse": "CLIMB_DASK_REUSE", "dask_connect_timeout_s": "CLIMB_DASK_CONNECT_TIMEOUT_S",
+       "dask_resource_grace_s": "CLIMB_DASK_RESOURCE_GRACE_S"}
+
+
+def dask_setting(name: str, value: Any) -> Any:
+    """An `[executor]` Dask setting: its environment variable when set, else `value`."""
+    raw = os.environ.get(ENV[name])
+    if raw is None:
+        return value
+    if isinstance(value, bool):
+        return raw != "0"
+    if isinstance(value, float):
+        try:
+            return float(raw)
+        except ValueError:
+            log.warning("%s=%r is not a number; using executor.%s = %s", ENV[name], raw, name, value)
+            return value
+    return raw
 
 
 class DaskExecutor:
     kind = "dask"
 
     def __init__(self, address: str = "", workers: int = 2, threads_per_worker: int = 1,
-                 reuse: bool | None = None):
+                 reuse: bool | None = None, dashboard: str | None = None, memory_limit: str | None = None,
+                 connect_timeout_s: float | None = None, resource_grace_s: float | None = None):
         self.address, self.workers, self.threads = address, workers, threads_per_worker
-        self.reuse = os.environ.get("CLIMB_DASK_REUSE", "1") != "0" if reuse is None else reuse
+        given = {"dask_reuse": reuse, "dask_dashboard": dashboard, "dask_memory_limit": memory_limit,
+                 "dask_connect_timeout_s": connect_timeout_s, "dask_resource_grace_s": resource_grace_s}
+        default = ExecutorConfig()
+        s = {k: dask_setting(k, getattr(default, k)) if v is None else v for k, v in given.items()}
+        self.reuse, self.dashboard, self.memory_limit = s["dask_reuse"], s["dask_dashboard"], s["dask_memory_limit"]
+        self.connect_timeout_s, self.resource_grace_s = s["dask_connect_timeout_s"], s["dask_resource_grace_s"]
         self.client = self.cluster = None
         self._own = False  # True when this executor must close what it opened
 
@@ -150,7 +180,7 @@ class DaskExecutor:
         _register_shutdown()
         if self.address:
             from .config import ConfigError
-            timeout = _env_float("CLIMB_DASK_CONNECT_TIMEOUT_S", 30)
+            timeout = self.connect_timeout_s
             try:
                 if self.address.endswith(".json"):  # a scheduler file (dask scheduler --scheduler-file)
                     if not os.path.isfile(self.address):
@@ -164,12 +194,12 @@ class DaskExecutor:
                     "`dask scheduler` and workers with `dask worker ADDRESS`, or drop --dask-address "
                     "to use a local cluster") from e
         kwargs: dict = {}
-        if os.environ.get("CLIMB_DASK_MEMORY_LIMIT"):
-            kwargs["memory_limit"] = os.environ["CLIMB_DASK_MEMORY_LIMIT"]
-        dash = os.environ.get("CLIMB_DASK_DASHBOARD", "")
+        if self.memory_limit:
+            kwargs["memory_limit"] = self.memory_limit
+        dash = self.dashboard
         if dash and importlib.util.find_spec("bokeh") is None:
-            log.warning("CLIMB_DASK_DASHBOARD is set but bokeh is not installed: no dashboard "
-                        "(pip install 'bokeh>=3.1', or the climb[dask] extra)")
+            log.warning("a Dask dashboard is asked for (executor.dask_dashboard or CLIMB_DASK_DASHBOARD) but "
+                        "bokeh is not installed: no dashboard (pip install 'bokeh>=3.1', or the climb[dask] extra)")
         import dask
         # Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, which turns off
         # glibc's dynamic mmap threshold: torch then maps and unmaps its activations on
@@ -274,7 +304,7 @@ class DaskExecutor:
         live = {f.key: (i, f) for i, f in enumerate(futures)}  # key -> (task index, future)
         out: list = [None] * len(tasks)
         ac = as_completed(futures, loop=self.client.loop)
-        grace = _env_float("CLIMB_DASK_RESOURCE_GRACE_S", 120.0)
+        grace = self.resource_grace_s
         starving_since: float | None = None
         next_check = 0.0
         bar = tqdm(total=len(tasks), desc=desc, leave=False, disable=len(tasks) < 2)
@@ -338,5 +368,9 @@ class DaskExecutor:
 def make_executor(cfg, processes: int = 1) -> LocalExecutor | DaskExecutor:
     """The executor of a stage; `processes` sizes the local process pool of parallel maps."""
     if cfg.kind == "dask" or cfg.dask_address:
-        return DaskExecutor(cfg.dask_address, cfg.dask_workers, cfg.dask_threads_per_worker)
+        s = {k: dask_setting(k, getattr(cfg, k)) for k in ENV}
+        return DaskExecutor(cfg.dask_address, cfg.dask_workers, cfg.dask_threads_per_worker,
+                            reuse=s["dask_reuse"], dashboard=s["dask_dashboard"],
+                            memory_limit=s["dask_memory_limit"], connect_timeout_s=s["dask_connect_timeout_s"],
+                            resource_grace_s=s["dask_resource_grace_s"])
     return LocalExecutor(processes)

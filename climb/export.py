@@ -47,8 +47,8 @@ from .cluster import load_assignments
 from .config import RunConfig, without
 from .embed import shard_name
 from .executor import make_executor
-from .io import (InputError, is_url, local_path, read_documents, read_json, strict_json, write_json, write_parquet,
-                 write_text)
+from .io import (InputError, file_stamp, is_url, local_path, read_documents, read_json, strict_json, write_json,
+                 write_parquet, write_text)
 from .stage import RunPaths, begin, finish, is_done, skipped, stage_key, upstream_hash
 
 log = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ def _listing(dest: str) -> dict[str, list]:
         from .remote import listing
         return listing(dest)
     root = Path(dest)
-    return {p.relative_to(root).as_posix(): [p.stat().st_size, p.stat().st_mtime_ns]
+    return {p.relative_to(root).as_posix(): file_stamp(p)
             for p in root.rglob("*") if p.is_file() and not any(
                 s.startswith(".") for s in p.relative_to(root).parts)} if root.is_dir() else {}
 

@@ -21,7 +21,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections import Counter
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -30,6 +29,9 @@ from typing import Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+# The one atomic file writer (temporary file, fsync, rename), shared with the proxies package.
+from proxies.atomic import atomic_path  # noqa: F401  (re-exported: climb.io.atomic_path)
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -279,29 +281,6 @@ def _read_errors() -> tuple:
     return errors
 
 
-def count_bytes(texts: Sequence[str]) -> int:
-    return sum(len(t.encode("utf-8")) for t in texts)
-
-
-@contextmanager
-def atomic_path(path: str | Path):
-    """Yield a temporary path next to `path`; rename it into place on success."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:  # name the file meant, not the temporary one
-        raise type(e)(e.errno, e.strerror, str(path)) from None
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes files private; outputs are meant to be shared
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def write_json(path: str | Path, obj) -> None:
     with atomic_path(path) as tmp:
         Path(tmp).write_text(strict_json(obj, indent=2) + "\n")
@@ -366,15 +345,20 @@ def write_text(path: str | Path, text: str, staging: str | None = None) -> None:
         Path(tmp).write_text(text)
 
 
+def file_stamp(path: str | Path) -> list[int]:
+    """[size, mtime_ns] of a local file: how climb tells whether a file changed."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
 def fingerprint(paths: Sequence[str | Path]) -> list[list]:
-    """Cheap input fingerprints: name, size and mtime of each local file; for a URL
-    its name, size, ETag (or checksum) and modification time, as the store gives them."""
+    """Cheap input fingerprints: name, size and mtime_ns of each local file (`file_stamp`);
+    for a URL its name, size, ETag (or checksum) and modification time, as the store gives them."""
     out = []
     for p in paths:
         if is_url(p):
             from .remote import fingerprint as remote_fingerprint
             out.append(remote_fingerprint(p))
             continue
-        st = os.stat(p)
-        out.append([str(p), st.st_size, int(st.st_mtime)])
+        out.append([str(p), *file_stamp(p)])
     return out

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 from scipy.spatial import cKDTree
 
+from .io import file_stamp
 from .swarm import cluster_order, read_swarm
 
 TOL = 1e-6  # L1; rows read by climb.swarm are renormalised the same way, so a candidate matches exactly
@@ -59,7 +60,7 @@ class LookupTable:
 
 def table(weights_csv, metrics_csv, key: str = "index") -> LookupTable:
     """One table per files and key per process (a Dask worker reuses it)."""
-    stamp = tuple((str(p), Path(p).stat().st_mtime_ns) for p in (weights_csv, metrics_csv))
+    stamp = tuple((str(p), *file_stamp(p)) for p in (weights_csv, metrics_csv))
     if (stamp, key) not in _TABLES:
         _TABLES[(stamp, key)] = LookupTable(weights_csv, metrics_csv, key)
     return _TABLES[(stamp, key)]

@@ -26,13 +26,13 @@ Choices, so that errors are loud rather than silently shrinking a swarm:
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from .io import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -178,16 +178,9 @@ def read_prior(path, domains: list[str], key: str = "index") -> np.ndarray:
 
 
 def _atomic_csv(df: pd.DataFrame, path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
+    with atomic_path(path) as tmp:  # readers never see half a file
+        with open(tmp, "w", newline="") as fh:
             df.to_csv(fh, index=False)
-        os.replace(tmp, path)  # readers never see half a file
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_swarm(weights_csv, metrics_csv, keys, domains, weights, metrics: dict, key: str = "index") -> None:

@@ -13,28 +13,54 @@ Typical flow::
 Tests: ``pytest tests/test_proxies_*.py``.
 """
 
-from .evaluate import bits_per_byte, evaluate_task, load_tasks
-from .model import GPT, GPTConfig
-from .sampler import MixtureSampler
-from .tokenizer import EOS_TOKEN, Tokenizer, load_tokenizer, train_bpe
-from .tokens import TokenStore, merge_token_stores, write_shard_tokens
-from .train import TrainConfig, lr_at, train
+import importlib
+import sys
+import types
 
-__all__ = [
-    "EOS_TOKEN",
-    "GPT",
-    "GPTConfig",
-    "MixtureSampler",
-    "Tokenizer",
-    "TokenStore",
-    "TrainConfig",
-    "bits_per_byte",
-    "evaluate_task",
-    "load_tasks",
-    "load_tokenizer",
-    "lr_at",
-    "merge_token_stores",
-    "train",
-    "train_bpe",
-    "write_shard_tokens",
-]
+# Imported on first use, so that importing one submodule (e.g. proxies.atomic from
+# climb.io) does not load torch.
+_EXPORTS = {
+    "EOS_TOKEN": "tokenizer",
+    "GPT": "model",
+    "GPTConfig": "model",
+    "MixtureSampler": "sampler",
+    "Tokenizer": "tokenizer",
+    "TokenStore": "tokens",
+    "TrainConfig": "train",
+    "atomic_path": "atomic",
+    "bits_per_byte": "evaluate",
+    "evaluate_task": "evaluate",
+    "load_tasks": "evaluate",
+    "load_tokenizer": "tokenizer",
+    "lr_at": "train",
+    "merge_token_stores": "tokens",
+    "train": "train",
+    "train_bpe": "tokenizer",
+    "write_shard_tokens": "tokens",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+class _Package(types.ModuleType):
+    # Importing a submodule binds it to the package's attribute of that name: for
+    # `proxies.train` that would hide the train function exported above. Keep the function.
+    def __setattr__(self, name: str, value) -> None:
+        if isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}" and name in _EXPORTS:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

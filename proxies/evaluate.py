@@ -12,11 +12,18 @@ log-likelihood of the continuation tokens is summed. Metrics: ``acc``,
 and ``n``.
 
 The model only needs ``model.config.seq_len`` and ``model(idx) -> (logits, _)``,
-and must already be on ``device``. Usage::
+and must already be on ``device``.
+
+Precision: ``bf16`` says whether the forward passes run under bf16 autocast. The
+caller decides, once, the way the trainers do (``proxies.train.uses_bf16(device,
+precision, n_embd)``), so a model trained in fp32 is also scored in fp32. Left at
+None it is the device's default: bf16 on CUDA, none elsewhere. Usage::
 
     from proxies.evaluate import bits_per_byte, load_tasks, evaluate_task
-    bpb = bits_per_byte(model, tok, heldout_texts, device="cuda")
-    metrics = evaluate_task(model, tok, load_tasks("tasks/arc_easy.jsonl"), device="cuda")
+    from proxies.train import uses_bf16
+    bf16 = uses_bf16(torch.device("cuda"), "fp32", 64)  # False
+    bpb = bits_per_byte(model, tok, heldout_texts, device="cuda", bf16=bf16)
+    metrics = evaluate_task(model, tok, load_tasks("tasks/arc_easy.jsonl"), device="cuda", bf16=bf16)
 
 Tested by ``pytest tests/test_proxies_eval.py``.
 """
@@ -38,15 +45,21 @@ from .model import gather_logprobs
 logger = logging.getLogger(__name__)
 
 
+def inference_autocast(device: torch.device, bf16: bool | None = None):
+    """The autocast context evaluation runs under: bf16 when ``bf16`` says so (None: on
+    CUDA only, the default before callers passed their training precision), else none."""
+    if bf16 is None:
+        bf16 = device.type == "cuda"
+    if bf16 and device.type in ("cuda", "cpu"):
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 @contextlib.contextmanager
-def _inference(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
+def _inference(model: torch.nn.Module, device: torch.device, bf16: bool | None = None) -> Iterator[None]:
     was_training = model.training
     model.eval()
-    autocast = (
-        torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-        if device.type == "cuda"
-        else contextlib.nullcontext()
-    )
+    autocast = inference_autocast(device, bf16)
     try:
         with torch.inference_mode(), autocast:
             yield
@@ -61,9 +74,17 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def bits_per_byte(
-    model, tokenizer, texts: Sequence[str], device="cpu", batch_size: int = 16, prepend_eos: bool = True
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    device="cpu",
+    batch_size: int = 16,
+    prepend_eos: bool = True,
+    bf16: bool | None = None,
 ) -> float:
-    """Total NLL of the EOS-separated token stream, in bits, per UTF-8 byte of ``texts``."""
+    """Total NLL of the EOS-separated token stream, in bits, per UTF-8 byte of ``texts``.
+
+    ``bf16``: run under bf16 autocast (None: on CUDA only); see the module docstring."""
     device = torch.device(device)
     texts = list(texts)
     total_bytes = sum(len(t.encode("utf-8")) for t in texts)
@@ -81,7 +102,7 @@ def bits_per_byte(
     # every token after the first is predicted exactly once.
     starts = list(range(0, n_pred, T))
     nll = 0.0
-    with _inference(model, device):
+    with _inference(model, device, bf16):
         for b in range(0, len(starts), batch_size):
             chunk = starts[b : b + batch_size]
             win = torch.full((len(chunk), T + 1), -1, dtype=torch.long)
@@ -158,9 +179,16 @@ _WARNED: set = set()
 
 
 def score_requests(
-    model, tokenizer, requests: Sequence[tuple[str, str]], device="cpu", batch_size: int = 32
+    model,
+    tokenizer,
+    requests: Sequence[tuple[str, str]],
+    device="cpu",
+    batch_size: int = 32,
+    bf16: bool | None = None,
 ) -> list[tuple[float, bool]]:
-    """(sum log p(continuation | context), continuation is the greedy argmax) per request."""
+    """(sum log p(continuation | context), continuation is the greedy argmax) per request.
+
+    ``bf16``: run under bf16 autocast (None: on CUDA only); see the module docstring."""
     device = torch.device(device)
     T = model.config.seq_len
     eos = tokenizer.eos_id
@@ -183,7 +211,7 @@ def score_requests(
     results: list[tuple[float, bool]] = [(0.0, True)] * len(seqs)
     # Longest first, so each batch holds similar lengths and little padding.
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
-    with _inference(model, device):
+    with _inference(model, device, bf16):
         for b in range(0, len(order), batch_size):
             idx = order[b : b + batch_size]
             L = max(len(seqs[i]) for i in idx) - 1
@@ -207,14 +235,21 @@ def score_requests(
 
 
 def evaluate_task(
-    model, tokenizer, items: Sequence[dict], device="cpu", limit: int | None = None, batch_size: int = 32
+    model,
+    tokenizer,
+    items: Sequence[dict],
+    device="cpu",
+    limit: int | None = None,
+    batch_size: int = 32,
+    bf16: bool | None = None,
 ) -> dict:
     """Score task items; returns {acc, acc_norm, gold_loss_per_byte, n}.
 
     Multiple choice: acc uses the summed log-likelihood, acc_norm divides it by the
     UTF-8 byte length of the choice. Cloze: acc (and acc_norm) is 1 when greedy
     decoding reproduces the continuation. gold_loss_per_byte is the gold
-    continuation's NLL (nats) per UTF-8 byte of that continuation.
+    continuation's NLL (nats) per UTF-8 byte of that continuation. ``bf16``: run under
+    bf16 autocast (None: on CUDA only); see the module docstring.
     """
     items = list(items)[:limit] if limit is not None else list(items)
     if not items:
@@ -227,7 +262,7 @@ def evaluate_task(
         else:
             requests.append((item["context"], item["continuation"]))
         spans.append((start, len(requests)))
-    scores = score_requests(model, tokenizer, requests, device=device, batch_size=batch_size)
+    scores = score_requests(model, tokenizer, requests, device=device, batch_size=batch_size, bf16=bf16)
 
     acc, acc_norm, gold_lpb = [], [], []
     for item, (a, b) in zip(items, spans):

@@ -109,12 +109,8 @@ class MixtureSampler:
         self._streams = [_WindowStream(self._arrays[int(c)], self.seq_len, (int(seed), int(c)))
                          for c in self._active] if self.common else []
 
-    @property
-    def tokens_per_batch(self) -> int:
-        return self.batch_size * self.seq_len
-
-    def sample_windows(self) -> tuple[np.ndarray, np.ndarray]:
-        """One batch of windows as int64 [batch_size, seq_len + 1] plus each row's cluster id."""
+    def sample_windows(self) -> np.ndarray:
+        """One batch of windows as int64 [batch_size, seq_len + 1]."""
         which = self._exact_rows() if self.exact else self.rng.choice(len(self._active), size=self.batch_size,
                                                                        p=self._p)
         buf = np.empty((self.batch_size, self.seq_len + 1), dtype=np.int64)
@@ -125,7 +121,7 @@ class MixtureSampler:
             starts = self.rng.integers(0, self._n_starts[which])
             for row, (k, s) in enumerate(zip(which, starts)):
                 buf[row] = self._arrays[int(self._active[k])][s : s + self.seq_len + 1]
-        return buf, self._active[which]
+        return buf
 
     def _exact_rows(self) -> np.ndarray:
         # Stride schedule: each row goes to the cluster whose count lags its share most,
@@ -139,7 +135,7 @@ class MixtureSampler:
         return which
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        buf, _ = self.sample_windows()
+        buf = self.sample_windows()
         t = torch.from_numpy(buf)
         if self._pin:
             # A fresh pinned tensor per batch: reusing one buffer could be overwritten
@@ -147,10 +143,6 @@ class MixtureSampler:
             t = t.pin_memory()
         t = t.to(self.device, non_blocking=self._pin)
         return t[:, :-1].contiguous(), t[:, 1:].contiguous()
-
-    def __iter__(self):
-        while True:
-            yield self.next_batch()
 
 
 class _WindowStream:

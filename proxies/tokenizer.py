@@ -19,12 +19,13 @@ Tested by ``pytest tests/test_proxies_data.py``.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from .atomic import atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +90,8 @@ class Tokenizer:
     def save(self, path: str | Path) -> Path:
         """Write tokenizer.json to ``path`` (a file, or a directory to put tokenizer.json in)."""
         path = _resolve_json_path(path, for_write=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        self._hf.save(str(tmp))
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            self._hf.save(str(tmp))
         return path
 
     def __repr__(self) -> str:

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .atomic import atomic_path
+
 logger = logging.getLogger(__name__)
 
 _ENCODE_BATCH = 1024
@@ -48,12 +50,8 @@ def _cluster_file(directory: Path, c: int) -> Path:
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
         json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _fsync_path(path: Path) -> None:
@@ -232,8 +230,7 @@ def merge_token_stores(out_dir: str | Path, shard_names: Sequence[str], n_cluste
     tokens, nbytes, ndocs = [0] * n_clusters, [0] * n_clusters, [0] * n_clusters
     for c in range(n_clusters):
         dst = _cluster_file(out_dir, c)
-        tmp = dst.with_name(dst.name + ".tmp")
-        with open(tmp, "wb") as out:
+        with atomic_path(dst) as tmp, open(tmp, "wb") as out:
             for name, stats in zip(shard_names, shard_stats):
                 n = stats["tokens_per_cluster"].get(c, 0)
                 if n == 0:
@@ -249,9 +246,6 @@ def merge_token_stores(out_dir: str | Path, shard_names: Sequence[str], n_cluste
                 tokens[c] += n
                 nbytes[c] += stats["bytes_per_cluster"].get(c, 0)
                 ndocs[c] += stats["docs_per_cluster"].get(c, 0)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, dst)
 
     index = {
         "dtype": dtype.name,

@@ -37,6 +37,18 @@ def _limit_torch_threads() -> None:
         torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need CUDA: skipped where there is none (torch is imported only if one is collected)."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
+        for item in gpu:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _single_thread_torch():
     _limit_torch_threads()

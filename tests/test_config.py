@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from climb.config import (ClusterConfig, ConfigError, CorpusConfig, RunConfig, SearchConfig, TargetConfig,
-                          load_config, section_hash, to_toml)
+                          _build, load_config, section_hash, to_dict, to_toml)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -164,6 +164,10 @@ def test_to_toml_roundtrips_non_bmp_characters(tmp_path):
 def test_shipped_pipelines_load_and_roundtrip(pipeline, tmp_path):
     cfg = load_config(pipeline)
     assert _roundtrip(cfg, tmp_path) == cfg
+    # to_toml -> tomllib gives back the same data, field for field, and the same RunConfig
+    data = tomllib.loads(to_toml(cfg))
+    assert data == to_dict(cfg)
+    assert _build(RunConfig, data) == cfg
 
 
 def test_section_hash_stable_and_sensitive():

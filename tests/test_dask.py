@@ -435,3 +435,32 @@ def test_unreachable_scheduler_is_a_clear_error(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="scheduler file .*missing.json not found"):
         with DaskExecutor(str(tmp_path / "missing.json"), reuse=False):
             pass
+
+
+def test_dask_settings_come_from_the_config_and_the_environment_overrides(monkeypatch):
+    for var in executor.ENV.values():
+        monkeypatch.delenv(var, raising=False)
+    cfg = load_config(None, ["executor.kind=\"dask\"", "executor.dask_dashboard=\":8790\"",
+                             "executor.dask_memory_limit=\"2GiB\"", "executor.dask_reuse=false",
+                             "executor.dask_connect_timeout_s=5", "executor.dask_resource_grace_s=7"])
+    ex = executor.make_executor(cfg.executor)
+    assert (ex.dashboard, ex.memory_limit, ex.reuse, ex.connect_timeout_s, ex.resource_grace_s) == \
+        (":8790", "2GiB", False, 5.0, 7.0)
+    # The defaults are the ones the environment variables had
+    plain = DaskExecutor("")
+    assert (plain.dashboard, plain.memory_limit, plain.reuse, plain.connect_timeout_s, plain.resource_grace_s) == \
+        ("", "", True, 30.0, 120.0)
+    monkeypatch.setenv("CLIMB_DASK_DASHBOARD", "")
+    monkeypatch.setenv("CLIMB_DASK_MEMORY_LIMIT", "3GiB")
+    monkeypatch.setenv("CLIMB_DASK_REUSE", "1")
+    monkeypatch.setenv("CLIMB_DASK_CONNECT_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("CLIMB_DASK_RESOURCE_GRACE_S", "not a number")  # ignored: the config's value
+    ex = executor.make_executor(cfg.executor)
+    assert (ex.dashboard, ex.memory_limit, ex.reuse, ex.connect_timeout_s, ex.resource_grace_s) == \
+        ("", "3GiB", True, 2.5, 7.0)
+    # Arguments given in code win over both
+    assert DaskExecutor("", reuse=False, connect_timeout_s=1.0).reuse is False
+    with pytest.raises(ConfigError, match="dask_connect_timeout_s must be positive"):
+        load_config(None, ["executor.dask_connect_timeout_s=0"])
+    with pytest.raises(ConfigError, match="dask_resource_grace_s must be at least 0"):
+        load_config(None, ["executor.dask_resource_grace_s=-1"])

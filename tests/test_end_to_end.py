@@ -74,7 +74,7 @@ def test_export_matches_weights_and_budget(run_dir):
     assert abs(sum(inter["probabilities"]) - 1) < 1e-6
 
 
-def test_rerun_skips_every_stage(run_dir, caplog):
+def test_rerun_skips_every_stage(run_dir):
     args = ["run", "--config", "pipelines/demo.toml", "--run", str(run_dir)]
     for s in TINY:
         args += ["--set", s]

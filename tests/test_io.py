@@ -170,3 +170,54 @@ def test_write_json_and_parquet_roundtrip(tmp_path):
     back = pq.read_table(tmp_path / "t.parquet")
     assert back.equals(t) and pq.ParquetFile(tmp_path / "t.parquet").num_row_groups == 2
     assert sorted(os.listdir(tmp_path)) == ["a.json", "t.parquet"]
+
+
+def test_one_atomic_writer_shared_by_climb_and_proxies(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    import numpy as np
+    import pandas as pd
+
+    import proxies.atomic
+    import proxies.tokenizer
+    import proxies.tokens
+    from climb.swarm import write_swarm
+    assert atomic_path is proxies.atomic.atomic_path
+    # Every writer goes through it: a failed write leaves the old file and no temporary one.
+    calls = []
+    real = proxies.atomic.atomic_path
+
+    def counting(path):
+        calls.append(Path(path).name)
+        return real(path)
+
+    for module in (proxies.tokens, proxies.tokenizer):
+        monkeypatch.setattr(module, "atomic_path", counting)
+    monkeypatch.setattr("climb.swarm.atomic_path", counting)
+    write_swarm(tmp_path / "w.csv", tmp_path / "m.csv", ["a", "b"], ["x", "y"], np.eye(2), {"loss": [1.0, 2.0]})
+    assert pd.read_csv(tmp_path / "w.csv").columns.tolist() == ["index", "x", "y"]
+    tok = proxies.tokenizer.train_bpe(["some text to learn from"] * 4, 300, tmp_path / "tok" / "tokenizer.json")
+    proxies.tokens.write_shard_tokens(["some text"], [0], tok, tmp_path / "tokens", "s0")
+    proxies.tokens.merge_token_stores(tmp_path / "tokens", ["s0"], 1)
+    assert calls == ["w.csv", "m.csv", "tokenizer.json", "done.json", "cluster_00000.bin", "index.json"]
+    leftovers = [p.name for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+    assert leftovers == []
+    # Importing the writer loads neither torch nor climb (the proxies package never imports climb).
+    code = ("import sys, proxies.atomic; assert 'torch' not in sys.modules; "
+            "import proxies.evaluate, proxies.model, proxies.sampler, proxies.stacked, proxies.tokenizer, "
+            "proxies.tokens, proxies.train; assert not [m for m in sys.modules if m.split('.')[0] == 'climb']")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1],
+                   env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+
+
+def test_fingerprint_sees_a_sub_second_change_of_a_same_size_file(tmp_path):
+    from climb.io import file_stamp, fingerprint
+    p = tmp_path / "a.jsonl"
+    p.write_text("x" * 10)
+    first = fingerprint([p])[0]
+    st = p.stat()
+    assert first == [str(p), 10, st.st_mtime_ns] and file_stamp(p) == [10, st.st_mtime_ns]
+    p.write_text("y" * 10)  # same size
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))  # one microsecond later
+    assert fingerprint([p])[0] == [str(p), 10, st.st_mtime_ns + 1000] != first

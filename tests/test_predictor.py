@@ -93,6 +93,13 @@ def test_propose_with_default_predictor_and_few_results():
     pool = sample_candidates(np.full(OPT.size, 1 / OPT.size), 2000, np.random.default_rng(5))
     P, pred = propose(X, y, "minimize", pool, 4)
     assert P.shape == (4, OPT.size) and np.isfinite(pred).all()
+    # the default is the GP alone here: its predictions, its best candidate first
+    gp = make_predictor("gp").fit(X, y)
+    np.testing.assert_allclose(pred, gp.predict(P), rtol=0, atol=1e-12)
+    assert pred[0] == pytest.approx(gp.predict(pool).min())
+    # and the exploit proposals are truly good: better than the best of the six seen, in the pool's top 10%
+    assert response(P[:3]).max() < response(X).min()
+    assert (response(pool) < response(P[:3]).mean()).mean() < 0.1
 
 
 def test_best_mixture_top_k():
@@ -172,3 +179,29 @@ def test_default_is_the_smooth_model_when_trees_cannot_split():
     m = make_predictor("default").fit(X, y)
     assert m.alpha == 1.0 and m.models[1] is None
     np.testing.assert_allclose(m.predict(X[:5]), make_predictor("gp").fit(X, y).predict(X[:5]))
+
+
+@pytest.mark.parametrize("kernel", ["matern52", "rbf"])
+def test_gp_equals_sklearn_at_fixed_hyperparameters(kernel):
+    """climb's GP (own kernel and analytic gradient) against scikit-learn's at the same
+    hyperparameters: the same kernel, signal variance and noise, no optimiser."""
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, Matern
+
+    from climb.acquisition import gp_posterior
+    from climb.predictor import GPPredictor
+    X, y = swarm(40, seed=12)
+    gp = GPPredictor(kernel=kernel).fit(X, y)
+    base = (Matern(length_scale=gp.ls, length_scale_bounds="fixed", nu=2.5) if kernel == "matern52"
+            else RBF(length_scale=gp.ls, length_scale_bounds="fixed"))
+    sk = GaussianProcessRegressor(ConstantKernel(gp.s2, constant_value_bounds="fixed") * base,
+                                  alpha=gp.sn + 1e-8, optimizer=None, normalize_y=False)
+    # the same standardised features and targets climb's GP works on
+    features = lambda W: (np.log(W + gp.eps) - gp.mu) / gp.sd  # noqa: E731
+    sk.fit(features(X), (y - gp.ym) / gp.ys)
+    Q = np.random.default_rng(13).dirichlet(np.ones(OPT.size), 200)
+    mean, std = sk.predict(features(Q), return_std=True)
+    np.testing.assert_allclose(gp.predict(Q), mean * gp.ys + gp.ym, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(gp.predict(X), sk.predict(features(X)) * gp.ys + gp.ym, rtol=0, atol=1e-6)
+    _, var = gp_posterior(gp, Q)
+    np.testing.assert_allclose(np.sqrt(var), std * gp.ys, rtol=0, atol=1e-6)

@@ -4,6 +4,7 @@ Run: PYTHONPATH=. python -m pytest tests/test_proxies_data.py -q
 """
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -42,20 +43,20 @@ def test_tokenizer_roundtrip_vocab_and_eos(tok, tmp_path):
     assert (again.vocab_size, again.eos_id) == (tok.vocab_size, tok.eos_id)
 
 
-def test_load_tokenizer_errors(tmp_path):
+def test_load_tokenizer_errors(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="train_bpe"):
         load_tokenizer(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="bad.json"):
         load_tokenizer(bad)
+    # A .tiktoken file without the optional package: an ImportError saying what to install
+    # (the package is hidden, so this holds whether or not it is installed here).
     tk = tmp_path / "x.tiktoken"
     tk.write_text("")
-    try:
-        import tiktoken  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match="tiktoken"):
-            load_tokenizer(tk)
+    monkeypatch.setitem(sys.modules, "tiktoken", None)
+    with pytest.raises(ImportError, match=r"x\.tiktoken is a \.tiktoken file but .*pip install tiktoken"):
+        load_tokenizer(tk)
     with pytest.raises(ValueError, match="vocab_size"):
         train_bpe(["abc"], 100, tmp_path / "small.json")
 
@@ -200,9 +201,13 @@ def test_sampler_rejects_bad_weights(labelled_store, weights, match):
 
 
 def test_sampler_accepts_tiny_rounding(labelled_store):
-    s = MixtureSampler(labelled_store, np.array([0.7, 0.3 + 5e-7, 0, 0, 0]), seq_len=16, batch_size=4, seed=0)
+    w = np.array([0.7, 0.3 + 5e-7, 0, 0, 0])
+    s = MixtureSampler(labelled_store, w, seq_len=16, batch_size=4, seed=0)
     assert s.weights.sum() == pytest.approx(1.0, abs=1e-12)
-    s.next_batch()
+    np.testing.assert_allclose(s.weights, w / w.sum(), rtol=0, atol=1e-15)
+    x, y = s.next_batch()
+    assert x.shape == y.shape == (4, 16) and torch.equal(x[:, 1:], y[:, :-1])
+    assert set(_clusters_of(x, y)) <= {0, 1}  # only the clusters with weight
 
 
 def _clusters_of(x: torch.Tensor, y: torch.Tensor) -> list[int]:

@@ -223,3 +223,75 @@ def test_long_continuations_warn_once_per_request_set(caplog):
     msgs = [r.getMessage() for r in caplog.records if "exceed seq_len" in r.getMessage()]
     assert len(msgs) == 1 and msgs[0].startswith("2 of 3 continuations exceed seq_len=8")
     assert len(got) == 3 and all(math.isfinite(ll) for ll, _ in got)
+
+
+class _AutocastRecorder:
+    """Stands in for torch.autocast: records each request, enters nothing."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, device_type, dtype=None, **kwargs):
+        import contextlib
+        self.calls.append((device_type, dtype))
+        return contextlib.nullcontext()
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Evaluation on device "cuda" with the tensors left on the CPU; returns the autocast recorder."""
+    import proxies.evaluate as ev
+    rec = _AutocastRecorder()
+    monkeypatch.setattr(ev, "_to_device", lambda t, device: t)
+    monkeypatch.setattr(torch, "autocast", rec)
+    return rec
+
+
+def test_fp32_proxy_is_evaluated_without_bf16_autocast_on_cuda(fake_cuda):
+    from proxies.train import uses_bf16
+    model = GPT(GPTConfig(vocab_size=320, n_layer=1, n_head=2, n_embd=16, seq_len=16), seed=0)
+    texts = ["some held-out text", "and another one"]
+    reqs = [("ctx", " cont"), ("other", " x")]
+    items = [{"query": "q", "choices": [" a", " b"], "gold": 0}]
+    cuda = torch.device("cuda")
+    bf16 = uses_bf16(cuda, "fp32", model.config.n_embd)
+    assert bf16 is False
+    bpb = bits_per_byte(model, ByteTok(), texts, device="cuda", bf16=bf16)
+    scores = score_requests(model, ByteTok(), reqs, device="cuda", bf16=bf16)
+    evaluate_task(model, ByteTok(), items, device="cuda", bf16=bf16)
+    assert fake_cuda.calls == []  # fp32 training, fp32 evaluation
+    # ... and the numbers are the CPU's own
+    assert bpb == bits_per_byte(model, ByteTok(), texts)
+    assert scores == score_requests(model, ByteTok(), reqs)
+
+    # A bf16 proxy is evaluated under bf16 autocast, once per call.
+    assert uses_bf16(cuda, "bf16", model.config.n_embd)
+    bits_per_byte(model, ByteTok(), texts, device="cuda", bf16=True)
+    evaluate_task(model, ByteTok(), items, device="cuda", bf16=True)
+    assert fake_cuda.calls == [("cuda", torch.bfloat16)] * 2
+
+
+def test_evaluation_precision_defaults_keep_the_device_default(fake_cuda):
+    from proxies.evaluate import inference_autocast
+    model = GPT(GPTConfig(vocab_size=320, n_layer=1, n_head=2, n_embd=16, seq_len=16), seed=0)
+    bits_per_byte(model, ByteTok(), ["text"], device="cpu")
+    assert fake_cuda.calls == []  # no autocast on a CPU unless asked for
+    bits_per_byte(model, ByteTok(), ["text"], device="cuda")
+    assert fake_cuda.calls == [("cuda", torch.bfloat16)]  # bf16 on CUDA when nobody says otherwise
+    inference_autocast(torch.device("cpu"), bf16=True)
+    assert fake_cuda.calls[-1] == ("cpu", torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_fp32_evaluation_on_cuda_matches_the_cpu():
+    model = GPT(GPTConfig(vocab_size=320, n_layer=2, n_head=2, n_embd=32, seq_len=16), seed=1)
+    texts = ["a held-out text for the GPU", "with a second document in it"]
+    reqs = [("context", " continuation"), ("", "empty context")]
+    cpu_bpb = bits_per_byte(model, ByteTok(), texts)
+    cpu_scores = score_requests(model, ByteTok(), reqs)
+    gpu = GPT(GPTConfig(vocab_size=320, n_layer=2, n_head=2, n_embd=32, seq_len=16), seed=1).to("cuda")
+    assert bits_per_byte(gpu, ByteTok(), texts, device="cuda", bf16=False) == pytest.approx(cpu_bpb, rel=1e-5)
+    got = score_requests(gpu, ByteTok(), reqs, device="cuda", bf16=False)
+    assert [g[0] for g in got] == pytest.approx([c[0] for c in cpu_scores], abs=1e-4)
+    # bf16 autocast does change the numbers: what the fp32 path is there to avoid
+    assert bits_per_byte(gpu, ByteTok(), texts, device="cuda", bf16=True) != cpu_bpb

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from climb import cli
 from climb.predictor_cli import main as cli_main
 from climb.swarm import read_prior, read_swarm, target_values, write_swarm
 
@@ -176,7 +177,6 @@ def test_nan_in_other_metric_columns_is_fine(tmp_path):
 
 
 def test_main_cli_has_the_predictor_group(tmp_path, capsys):
-    cli = pytest.importorskip("climb.cli")
     w, m, _, _ = make_swarm(tmp_path, 40, seed=4)
     rc = cli.main(["predictor", "evaluate", "--train-weights", str(w), "--train-metrics", str(m),
                    "--test-weights", str(w), "--test-metrics", str(m), "--target", "loss", "--goal", "minimize",
