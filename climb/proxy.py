@@ -90,24 +90,35 @@ def objective(metrics: dict, tc: TargetConfig) -> float:
     return float(np.mean([metrics[m] for m in tc.objective]))
 
 
-def evaluate(model, tokenizer, tc: TargetConfig, run_dir: Path, device: str) -> dict:
+def evaluate(model, tokenizer, tc: TargetConfig, run_dir: Path, device: str, bf16: bool | None = None) -> dict:
+    """The target's metrics; `bf16`: score under bf16 autocast (None: on CUDA only)."""
     from proxies.evaluate import bits_per_byte, evaluate_task
     target = load_target(tc, run_dir)
     metrics: dict[str, float] = {}
     if target["texts"]:
-        metrics["bpb"] = float(bits_per_byte(model, tokenizer, target["texts"], device=device))
+        metrics["bpb"] = float(bits_per_byte(model, tokenizer, target["texts"], device=device, bf16=bf16))
     for name, items in target["tasks"].items():
-        res = evaluate_task(model, tokenizer, items, device=device)
+        res = evaluate_task(model, tokenizer, items, device=device, bf16=bf16)
         for k in ("acc", "acc_norm", "gold_loss_per_byte"):
             metrics[f"{name}/{k}"] = float(res[k])
     return metrics
 
 
 def evaluate_task_metrics(model, tokenizer, task: dict, device: str) -> dict:
-    """The target's metrics, and the held-out ones (`task["heldout"]`, a TargetConfig) as heldout/<name>."""
-    metrics = evaluate(model, tokenizer, task["target"], Path(task["run_dir"]), device)
+    """The target's metrics, and the held-out ones (`task["heldout"]`, a TargetConfig) as heldout/<name>.
+
+    On CUDA a model is scored in the precision it trained in (bf16 autocast only where
+    its training used it); on a CPU in fp32 whatever the training precision.
+    """
+    bf16 = False
+    if device.startswith("cuda") and task.get("proxy") is not None:
+        import torch
+        from proxies.train import uses_bf16
+        pc: ProxyConfig = task["proxy"]
+        bf16 = uses_bf16(torch.device(device), pc.precision, pc.n_embd)
+    metrics = evaluate(model, tokenizer, task["target"], Path(task["run_dir"]), device, bf16)
     if task.get("heldout") is not None:
-        held = evaluate(model, tokenizer, task["heldout"], Path(task["run_dir"]), device)
+        held = evaluate(model, tokenizer, task["heldout"], Path(task["run_dir"]), device, bf16)
         metrics.update({f"heldout/{k}": v for k, v in held.items()})
     return metrics
 

@@ -295,3 +295,19 @@ def test_fp32_evaluation_on_cuda_matches_the_cpu():
     assert [g[0] for g in got] == pytest.approx([c[0] for c in cpu_scores], abs=1e-4)
     # bf16 autocast does change the numbers: what the fp32 path is there to avoid
     assert bits_per_byte(gpu, ByteTok(), texts, device="cuda", bf16=True) != cpu_bpb
+
+
+def test_a_run_scores_its_proxies_in_their_training_precision_on_cuda(fake_cuda, tmp_path):
+    """climb.proxy passes the proxy's precision down: fp32 proxies on CUDA are scored in fp32."""
+    from dataclasses import replace
+    from climb.config import ProxyConfig, TargetConfig
+    from climb.proxy import evaluate_task_metrics
+    (tmp_path / "t.jsonl").write_text('{"text": "some held-out text"}\n')
+    model = GPT(GPTConfig(vocab_size=320, n_layer=1, n_head=2, n_embd=16, seq_len=16), seed=0)
+    task = {"run_dir": str(tmp_path), "target": TargetConfig(texts=(str(tmp_path / "t.jsonl"),)),
+            "proxy": ProxyConfig(precision="fp32")}
+    fp32 = evaluate_task_metrics(model, ByteTok(), task, "cuda")
+    assert fake_cuda.calls == []
+    assert fp32["bpb"] == evaluate_task_metrics(model, ByteTok(), task, "cpu")["bpb"]
+    evaluate_task_metrics(model, ByteTok(), {**task, "proxy": replace(task["proxy"], precision="bf16")}, "cuda")
+    assert fake_cuda.calls == [("cuda", torch.bfloat16)]
