@@ -15,7 +15,7 @@ export HF_HOME ?= $(CURDIR)/.cache/huggingface
 
 # `make validate`: the larger model on the found mixture, the baselines and search mixtures
 # (the validate stage; the report gains its "Does it transfer?" section).
-.PHONY: install demo run validate embed cluster search export report test test-all bench bench-procs bench-e2e clean
+.PHONY: install demo run validate embed cluster search export report test bench bench-procs bench-e2e clean
 
 install: $(STAMP)
 
@@ -40,9 +40,6 @@ embed cluster search export report: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
-
-test-all: $(STAMP)
-	$(BIN)/python -m pytest -m ''
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/run.py
