@@ -499,7 +499,13 @@ def _check_validate(cfg: RunConfig) -> None:
         if v.texts or v.tasks:
             raise ConfigError("validate.texts / validate.tasks are evaluated by the built-in trainer; with an "
                               "external trainer (proxy.command or validate.model.command) leave them empty")
-    if cfg.proxy.lookup and "command" not in v.model:
+    if v.enabled:
+        check_validation_trains(cfg)
+
+
+def check_validation_trains(cfg: RunConfig) -> None:
+    """Validation trains models: a look-up table standing in for training cannot validate."""
+    if cfg.proxy.lookup and "command" not in cfg.validate.model:
         raise ConfigError("validate trains models, but proxy.lookup stands in for training; set "
                           "validate.model.command to a trainer, or do not validate this run")
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from . import results as results_log
-from .config import RunConfig, TargetConfig, validation_model, without
+from .config import RunConfig, TargetConfig, check_validation_trains, validation_model, without
 from .device import proxy_processes
 from .executor import make_executor
 from .io import InputError, read_json, write_json
@@ -143,6 +143,7 @@ def _task(cfg: RunConfig, paths: RunPaths, model, heldout, name: str, weights, s
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
     from .search import run_proxies
+    check_validation_trains(cfg)
     key = stage_hash(cfg, paths)
     if is_done(paths, "validate", key, keep=("results.jsonl",)):
         return skipped(paths, "validate")

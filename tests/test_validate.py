@@ -222,6 +222,16 @@ def test_heldout_needs_the_built_in_trainer():
         load_config(None, ['validate.model={command = "train {weights} {out}"}', 'validate.texts=["h.jsonl"]'])
 
 
+def test_a_lookup_run_validates_only_with_a_trainer(tmp_path):
+    lookup = ['proxy.lookup="m.csv"', 'proxy.lookup_weights="w.csv"']
+    load_config(None, lookup)  # searching a measured swarm is fine until validation is asked for
+    with pytest.raises(ConfigError, match="proxy.lookup stands in for training"):
+        load_config(None, [*lookup, "validate.enabled=true"])
+    with pytest.raises(ConfigError, match="proxy.lookup stands in for training"):
+        validate.run(load_config(None, lookup), RunPaths(tmp_path / "run"))
+    load_config(None, [*lookup, "validate.enabled=true", 'validate.model={command = "t {weights} {out}"}'])
+
+
 def test_validate_before_search_says_what_to_run(tmp_path):
     cfg = load_config("pipelines/demo.toml")
     with pytest.raises(FileNotFoundError, match="climb search"):
