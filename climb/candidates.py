@@ -12,6 +12,8 @@ import logging
 
 import numpy as np
 
+from .mixture import check_weights
+
 log = logging.getLogger(__name__)
 
 
@@ -71,8 +73,7 @@ def sample_candidates(prior: np.ndarray, n: int, rng: np.random.Generator, conce
     (L1 < dedupe_l1) are dropped, so fewer than n rows may come back.
     """
     prior = np.asarray(prior, float)
-    if prior.ndim != 1 or (prior < 0).any() or prior.sum() <= 0:
-        raise ValueError("prior must be a non-negative weight vector with a positive sum")
+    check_weights(prior, where="sample_candidates prior", tol=None)  # p is renormalised below, after the temperature
     d, p = prior.size, prior ** temperature
     p, support = p / p.sum(), p > 0
     conc = tuple(concentrations) if concentrations is not None else (0.5 * d, 1.0 * d, 4.0 * d)
