@@ -20,7 +20,7 @@ LOG_EPS = 1e-3  # log(w + eps); 1e-4 and 1e-2 did worse in `predictor_regmix.py 
 
 
 def blas_one_thread():
-    # n <= a few thousand: multithreaded BLAS on 2 shared cores is 5-10x slower than one thread.
+    # n <= a few thousand: multithreaded BLAS on shared cores is slower than one thread.
     return threadpool_limits(limits=1, user_api="blas")
 
 
@@ -28,7 +28,9 @@ class GPPredictor:
     """Exact GP regression, ARD kernel on standardised log(w + eps), evidence-maximised.
 
     Written here (not sklearn's GaussianProcessRegressor) because the analytic
-    gradient below costs O(n^2 d) per step, which makes a 512-run fit ~1 s instead of ~30 s.
+    gradient below costs O(n^2 d) per step, which makes a fit far faster than with
+    numerical gradients (fit times: BENCHMARKS.md, Mixture predictor on RegMix's real
+    proxy swarm, Speed).
     """
 
     def __init__(self, kernel: str = "matern52", eps: float = LOG_EPS, ls_prior: float = 1.0, linear: bool = False,

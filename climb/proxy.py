@@ -193,7 +193,7 @@ def swarm_size(pc: ProxyConfig) -> int:
     device = resolve_device(pc.device)
     if pc.swarm == "auto" and not device.startswith("cuda"):
         # On a CPU each proxy's matmuls already keep the cores busy, and stacking
-        # measured 0.63-1.06x of one proxy after another (BENCHMARKS.md, swarm).
+        # measured no faster than one proxy after another (see BENCHMARKS.md, Stage speed).
         return 1
     return pc.swarm_size or (64 if device.startswith("cuda") else 8)
 

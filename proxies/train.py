@@ -121,9 +121,9 @@ def native_bf16(device: torch.device) -> bool:
     return False
 
 
-# On a CPU, bf16 pays only once the matmuls are wide enough: measured here, a
-# 64-wide proxy trained 0-15% slower under bf16 autocast, 96- and 128-wide ones
-# 5-18% faster and a 256-wide one 43% faster (BENCHMARKS.md).
+# On a CPU, bf16 pays only once the matmuls are wide enough: a narrow proxy
+# trained slower under bf16 autocast than in fp32, wider ones faster (see
+# BENCHMARKS.md, Stage speed).
 CPU_BF16_MIN_WIDTH = 96
 
 
