@@ -39,8 +39,9 @@ from sklearn.model_selection import KFold
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from climb.predictor import (BlendPredictor, GPPredictor, LightGBMPredictor, LinearPredictor,  # noqa: E402
-                             make_predictor, rank_metrics)
+from climb.gp import GPPredictor  # noqa: E402
+from climb.predictor import (BlendPredictor, LightGBMPredictor, LinearPredictor, make_predictor,  # noqa: E402
+                             rank_metrics)
 from climb.swarm import read_swarm, target_values  # noqa: E402
 from climb.predictor_cli import evaluate  # noqa: E402
 
@@ -213,7 +214,8 @@ def small_n(res: dict, models=("default", "lightgbm", "gp")) -> None:
 
 
 def timing(res: dict) -> None:
-    from climb.predictor import propose, sample_candidates
+    from climb.candidates import sample_candidates
+    from climb.predictor import propose
     tr = read_swarm(DATA / "train_mixture_1m.csv", DATA / "train_pile_loss_1m.csv")
     y = target_values(tr, PILE_CC)
     t0 = time.time()

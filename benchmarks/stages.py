@@ -317,7 +317,8 @@ def swarm() -> list[dict]:
 @_needs_corpus(False)
 def search_step() -> dict:
     """One search iteration's predictor work: fit on 112 results + score a 100k pool."""
-    from climb.predictor import make_predictor, propose, sample_candidates
+    from climb.candidates import sample_candidates
+    from climb.predictor import make_predictor, propose
     rng = np.random.default_rng(0)
     k = 16
     X = rng.dirichlet(np.ones(k), 112)

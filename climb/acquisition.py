@@ -1,6 +1,6 @@
 """Batch acquisition from a predictor's uncertainty: Thompson sampling, expected improvement, UCB.
 
-The spread comes from a Gaussian process (`climb.predictor.GPPredictor`): the
+The spread comes from a Gaussian process (`climb.gp.GPPredictor`): the
 GP inside the predictor when it has one (``gp``, or ``default`` while its blend
 gives the GP a weight), otherwise a GP fitted on the same results. The centre is
 the predictor's own mean, so a blend keeps its trees' say in where the optimum is
@@ -32,7 +32,8 @@ from scipy.linalg import solve_triangular
 from scipy.spatial import cKDTree
 from scipy.stats import norm
 
-from .predictor import BlendPredictor, GPPredictor, _blas_one_thread
+from .gp import GPPredictor, blas_one_thread
+from .predictor import BlendPredictor
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def spread_model(model, X_seen, y_seen, seed: int = 0) -> GPPredictor:
 def gp_posterior(gp: GPPredictor, Q: np.ndarray, full_cov: bool = False):
     """Posterior mean and variance (or covariance) of the GP's latent function at Q, in target units."""
     F = (gp._features(Q) - gp.mu) / gp.sd
-    with _blas_one_thread():
+    with blas_one_thread():
         K, _, KL = gp._gram(F, gp._F, gp.ls, gp.s2, gp.s_lin)
         Ks = K + KL
         mean = Ks @ gp._alpha * gp.ys + gp.ym

@@ -12,6 +12,8 @@ import logging
 
 import numpy as np
 
+from .mixture import check_weights
+
 log = logging.getLogger(__name__)
 
 
@@ -31,7 +33,8 @@ def _cap(W: np.ndarray, max_weight: np.ndarray, iters: int = 50) -> np.ndarray:
 def _close_pairs(W: np.ndarray, r: float) -> np.ndarray:
     """All (i, j), i < j, with L1(W[i], W[j]) < r. A projection on u in [-1, 1]^d never
     exceeds the L1 distance, so after sorting by it only a short window needs checking
-    (a KD-tree in 17 dimensions took 4 s for 100k rows, this takes a fraction of that)."""
+    (a KD-tree in 17 dimensions was much slower; pool sampling times: BENCHMARKS.md,
+    Mixture predictor on RegMix's real proxy swarm, Speed)."""
     proj = W @ np.random.default_rng(0).uniform(-1, 1, (W.shape[1], 3))
     order = np.argsort(proj[:, 0], kind="stable")
     ps, p1, p2, Ws = proj[order, 0], proj[order, 1], proj[order, 2], W[order]
@@ -71,8 +74,7 @@ def sample_candidates(prior: np.ndarray, n: int, rng: np.random.Generator, conce
     (L1 < dedupe_l1) are dropped, so fewer than n rows may come back.
     """
     prior = np.asarray(prior, float)
-    if prior.ndim != 1 or (prior < 0).any() or prior.sum() <= 0:
-        raise ValueError("prior must be a non-negative weight vector with a positive sum")
+    check_weights(prior, where="sample_candidates prior", tol=None)  # p is renormalised below, after the temperature
     d, p = prior.size, prior ** temperature
     p, support = p / p.sum(), p > 0
     conc = tuple(concentrations) if concentrations is not None else (0.5 * d, 1.0 * d, 4.0 * d)

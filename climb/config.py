@@ -53,9 +53,10 @@ class EmbedConfig:
     # or "fp32", "fp16", "bf16" (on the OpenVINO backend: its inference precision).
     dtype: str = "auto"
     # "torch" (plain sentence-transformers); "openvino"; or "auto": OpenVINO on a CPU
-    # (measured 3.7-4.2x plain torch fp32 at cosine 0.9999; converted once from the
-    # local weights, cached under $HF_HOME/climb), torch elsewhere. Not yet the
-    # default: the demo's answer is verified on torch embeddings (BENCHMARKS.md).
+    # (faster than plain torch fp32 with near-identical embeddings, see BENCHMARKS.md,
+    # Stage speed; converted once from the local weights, cached under $HF_HOME/climb),
+    # torch elsewhere. Not yet the default: the demo's answer is verified on torch
+    # embeddings (BENCHMARKS.md, Stage speed).
     backend: str = "torch"
 
 
@@ -112,10 +113,11 @@ class ProxyConfig:
     device: str = "auto"
     # bf16 autocast for the proxies' matmuls: "auto" (where the device has native
     # bf16 kernels; on a CPU only for n_embd >= 96, below which it measured
-    # slower), "bf16" or "fp32".
+    # slower: see BENCHMARKS.md, Stage speed), "bf16" or "fp32".
     precision: str = "auto"
     # Train several proxies at once as one stacked model (batched matmuls):
-    # "auto" (on CUDA; on a CPU it measured no faster), "stacked" or "single".
+    # "auto" (on CUDA; on a CPU it measured no faster: see BENCHMARKS.md, Stage speed),
+    # "stacked" or "single".
     # swarm_size caps the proxies per stacked model (0: 64 on CUDA, 8 on CPU).
     swarm: str = "auto"
     swarm_size: int = 0

@@ -1,9 +1,9 @@
 """The embedding backend: plain sentence-transformers on torch, or its transformer run by OpenVINO.
 
 `embed.backend = "auto"` picks OpenVINO on a CPU and torch elsewhere (CUDA, MPS).
-On this project's 2-core CPU the OpenVINO path (bf16) embeds 3.7-4.2x as fast as
-a plain fp32 `SentenceTransformer.encode` at a per-document cosine of 0.9999 with
-it (BENCHMARKS.md, "Stage speed"). Only the transformer changes hands: the
+On this project's CPU the OpenVINO path (bf16) embeds faster than a
+plain fp32 `SentenceTransformer.encode`, with near-identical embeddings (see
+BENCHMARKS.md, Stage speed). Only the transformer changes hands: the
 SentenceTransformer keeps its tokenizer, length-sorted batching, pooling and
 normalisation, so `encode` behaves as before.
 

@@ -203,7 +203,7 @@ class DaskExecutor:
         import dask
         # Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, which turns off
         # glibc's dynamic mmap threshold: torch then maps and unmaps its activations on
-        # every step and a proxy trains ~1.7x slower than in-process. Keep glibc's defaults.
+        # every step and a proxy trains much slower than in-process. Keep glibc's defaults.
         # The scheduler always serves a few HTTP routes (health, metrics); without a
         # dashboard they go to a free local port instead of claiming 8787.
         with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):

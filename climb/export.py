@@ -49,20 +49,10 @@ from .embed import shard_name
 from .executor import make_executor
 from .io import (InputError, file_stamp, is_url, local_path, read_documents, read_json, strict_json, write_json,
                  write_parquet, write_text)
+from .mixture import check_weights
 from .stage import RunPaths, begin, finish, is_done, skipped, stage_key, upstream_hash
 
 log = logging.getLogger(__name__)
-
-
-def check_weights(w, n_clusters: int, where: str, tol: float = 1e-6) -> np.ndarray:
-    w = np.asarray(w, dtype=np.float64)
-    if w.shape != (n_clusters,):
-        raise InputError(f"{where}: {w.size} weights for {n_clusters} clusters; give one weight per cluster")
-    if not np.all(np.isfinite(w)) or (w < 0).any():
-        raise InputError(f"{where}: weights must be finite and non-negative")
-    if abs(w.sum() - 1.0) > tol:
-        raise InputError(f"{where}: weights sum to {w.sum():.6f}, not 1; normalise them (w / w.sum())")
-    return w
 
 
 def budget_for(weights: np.ndarray, cluster_tokens: np.ndarray, cap: float, budget: int) -> int:

@@ -29,6 +29,7 @@ import pandas as pd
 from scipy.spatial import cKDTree
 
 from .io import file_stamp
+from .mixture import check_weights
 from .swarm import cluster_order, read_swarm
 
 TOL = 1e-6  # L1; rows read by climb.swarm are renormalised the same way, so a candidate matches exactly
@@ -44,12 +45,10 @@ class LookupTable:
         self.values = num[self.columns].to_numpy(np.float64)
 
     def metrics(self, weights) -> dict:
-        """The metrics of the table's row with these weights; LookupError when it has none."""
-        w = np.asarray(weights, np.float64)
-        w = w / w.sum()
-        if w.shape != (len(self.swarm.domains),):
-            raise ValueError(f"a mixture of {w.size} weights cannot be looked up in {self.swarm.weights_path} "
-                             f"({len(self.swarm.domains)} domains)")
+        """The metrics of the table's row with these weights (shares: rescaled to sum to 1); LookupError
+        when it has none, InputError when they are not one finite, >= 0 weight per domain of the table."""
+        w = check_weights(weights, len(self.swarm.domains), f"a mixture looked up in {self.swarm.weights_path}",
+                          tol=None)
         d, i = self.tree.query(w, k=1, p=1)
         if d > TOL:
             raise LookupError(f"mixture not in {self.swarm.weights_path} (nearest row "

@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from .acquisition import ACQUISITIONS
-from .predictor import PREDICTORS, is_constant, make_predictor, rank_metrics, sample_candidates
+from .candidates import sample_candidates
+from .predictor import PREDICTORS, is_constant, make_predictor, rank_metrics
 from .strategy import Strategy, propose_next, row_index
 from .swarm import read_prior, read_swarm, read_weights, target_values, write_swarm
 

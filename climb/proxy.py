@@ -41,6 +41,7 @@ import numpy as np
 from .config import ProxyConfig, TargetConfig
 from .device import resolve_device
 from .io import InputError, fingerprint, is_url, read_documents, resolve_corpus_files
+from .mixture import check_weights
 
 log = logging.getLogger(__name__)
 _CACHE: dict = {}
@@ -192,7 +193,7 @@ def swarm_size(pc: ProxyConfig) -> int:
     device = resolve_device(pc.device)
     if pc.swarm == "auto" and not device.startswith("cuda"):
         # On a CPU each proxy's matmuls already keep the cores busy, and stacking
-        # measured 0.63-1.06x of one proxy after another (BENCHMARKS.md, swarm).
+        # measured no faster than one proxy after another (see BENCHMARKS.md, Stage speed).
         return 1
     return pc.swarm_size or (64 if device.startswith("cuda") else 8)
 
@@ -246,9 +247,10 @@ def _configs(pc: ProxyConfig, tok):
     return mcfg, tcfg
 
 
-def _sampler(store, weights: np.ndarray, pc: ProxyConfig, seed: int, device: str):
+def _sampler(store, weights, pc: ProxyConfig, seed: int, device: str, where: str):
     from proxies.sampler import MixtureSampler
-    return MixtureSampler(store, weights / weights.sum(), pc.seq_len, pc.batch_size, seed=seed, device=device,
+    w = check_weights(weights, store.n_clusters, where, tol=None)
+    return MixtureSampler(store, w, pc.seq_len, pc.batch_size, seed=seed, device=device,
                           exact=pc.exact_batches, common=pc.common_streams)
 
 
@@ -262,8 +264,7 @@ def _builtin_stacked(tasks: list[dict]) -> list:
     store, tok = _resources(Path(tasks[0]["search_dir"]))
     samplers = []
     for t in tasks:
-        w = np.asarray(t["weights"], dtype=np.float64)
-        samplers.append(_sampler(store, w, pc, t["seed"], device))
+        samplers.append(_sampler(store, t["weights"], pc, t["seed"], device, f"proxy {t['mixture_id']}"))
     mcfg, tcfg = _configs(pc, tok)
     # A stacked model of n proxies may take as long as n proxies one after another.
     trained = train_stacked(mcfg, tcfg, samplers, seeds=[t["seed"] for t in tasks], device=device,
@@ -286,8 +287,7 @@ def _builtin(task: dict, deadline: float | None = None) -> tuple[dict, int]:
     pc: ProxyConfig = task["proxy"]
     device = resolve_device(pc.device)
     store, tok = _resources(Path(task["search_dir"]))
-    weights = np.asarray(task["weights"], dtype=np.float64)
-    sampler = _sampler(store, weights, pc, task["seed"], device)
+    sampler = _sampler(store, task["weights"], pc, task["seed"], device, f"proxy {task['mixture_id']}")
     mcfg, tcfg = _configs(pc, tok)
     model, stats = train(mcfg, tcfg, sampler, seed=task["seed"], device=device, deadline=deadline)
     metrics = evaluate_task_metrics(model, tok, task, device)

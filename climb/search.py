@@ -129,7 +129,7 @@ def _append(paths: RunPaths, rec: dict) -> None:
 
 
 def _candidates(cfg: RunConfig, space: dict, n: int, seed: int) -> np.ndarray:
-    from .predictor import sample_candidates
+    from .candidates import sample_candidates
     sc = cfg.search
     k = len(space["natural"])
     return sample_candidates(space["natural"], n, np.random.default_rng(seed),

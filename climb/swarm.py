@@ -12,8 +12,8 @@ Choices, so that errors are loud rather than silently shrinking a swarm:
 - every key must be in both files; a key in one file only is an error (with counts),
   never an inner join;
 - rows come back in the weights file's order;
-- weights must be numeric, finite, >= 0 and not all zero. Every row is rescaled to
-  sum to 1; `Swarm.renormalised` counts rows that were off by more than 1e-6
+- weights must be numeric, finite, >= 0 and not all zero (`climb.mixture.check_weights`).
+  Every row is rescaled to sum to 1; `Swarm.renormalised` counts rows that were off by more than 1e-6
   (RegMix rounds to 3 decimals: 303 of its 512 training rows), and rows off by more
   than `tol` are also logged as a warning (they look like counts or percentages);
 - metrics stay a pandas DataFrame aligned with the rows; NaN in a metric is only an
@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from .io import atomic_path
+from .mixture import check_weights
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +88,8 @@ def _weights(df: pd.DataFrame, key: str, path, tol: float) -> tuple[list[str], n
         raise ValueError(f"weights file {path}: non-numeric weight columns {bad[:5]} ({len(cells)} cells are not "
                          f"numbers: {shown}); every column except {key!r} must be a domain's weight")
     W = df[domains].to_numpy(np.float64)
-    for what, mask in (("NaN or infinite", ~np.isfinite(W)), ("negative", W < 0)):
-        rows = np.flatnonzero(mask.any(1))
-        if len(rows):
-            raise ValueError(f"weights file {path}: {len(rows)} rows have {what} weights (keys "
-                             f"{', '.join(keys[rows[:5]])}); weights must be finite and >= 0")
+    shares = check_weights(W, where=f"weights file {path}", tol=None, rows=True, labels=keys)
     s = W.sum(1)
-    zero = np.flatnonzero(s <= 0)
-    if len(zero):
-        raise ValueError(f"weights file {path}: {len(zero)} rows have all-zero weights (keys "
-                         f"{', '.join(keys[zero[:5]])}); every mixture needs a positive weight")
     off = np.abs(s - 1) > 1e-6
     far = np.abs(s - 1) > tol
     if far.any():
@@ -104,7 +97,7 @@ def _weights(df: pd.DataFrame, key: str, path, tol: float) -> tuple[list[str], n
                     path, int(far.sum()), s.min(), s.max())
     if off.any():
         log.info("%s: renormalised %d of %d rows to sum to 1", path, int(off.sum()), len(s))
-    return domains, W / s[:, None], int(off.sum())
+    return domains, shares, int(off.sum())
 
 
 def read_swarm(weights_csv, metrics_csv, key: str = "index", tol: float = 1e-2, target: str | None = None) -> Swarm:
@@ -172,9 +165,7 @@ def read_prior(path, domains: list[str], key: str = "index") -> np.ndarray:
         raise ValueError(f"prior file {p}: needs exactly one row with the swarm's domain columns "
                          f"(has {len(df)} rows; missing {missing[:5]})")
     w = pd.to_numeric(df[domains].iloc[0], errors="coerce").to_numpy(np.float64)
-    if not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
-        raise ValueError(f"prior file {p}: weights must be finite, >= 0 and not all zero")
-    return w / w.sum()
+    return check_weights(w, where=f"prior file {p}", tol=None)
 
 
 def _atomic_csv(df: pd.DataFrame, path) -> None:

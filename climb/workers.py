@@ -1,8 +1,8 @@
 """Worker processes for proxy runs on a CPU: one proxy per core, one torch thread each.
 
 On idle cores one proxy per core in single-thread processes trains about as fast
-as one proxy at a time on all cores (1.09x on the demo's proxies: BENCHMARKS.md,
-"Proxies in worker processes"), with records identical to a serial one-thread run;
+as one proxy at a time on all cores (see BENCHMARKS.md, Proxies in worker
+processes), with records identical to a serial one-thread run;
 a proxy with one thread per process does not stall when another program takes a
 core, where two OpenMP threads per proxy wait on each other. So on a CPU the search
 trains one proxy per available core, each in its own process with one thread. Workers are started once (spawned, since a

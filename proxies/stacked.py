@@ -26,7 +26,6 @@ Tested by ``pytest tests/test_proxies_stacked.py``.
 from __future__ import annotations
 
 import logging
-import math
 import time
 
 import torch
@@ -35,7 +34,8 @@ import torch.nn.functional as F
 
 from .model import GPT, GPTConfig
 from .sampler import MixtureSampler
-from .train import TailAverage, TrainConfig, autocast, average_from, check_deadline, lr_at
+from .train import (TailAverage, TrainConfig, average_from, end_step, log_due, make_optimizer, param_groups, prepare,
+                    run_stats, seeded, start_step)
 
 logger = logging.getLogger(__name__)
 
@@ -172,42 +172,24 @@ def train_stacked(
     """
     if len(samplers) != len(seeds) or not samplers:
         raise ValueError(f"train_stacked needs one seed per sampler; got {len(samplers)} samplers, {len(seeds)} seeds")
-    device = torch.device(device)
-    for s in samplers:
-        if s.seq_len > model_cfg.seq_len:
-            raise ValueError(f"sampler.seq_len={s.seq_len} exceeds model seq_len={model_cfg.seq_len}")
-    micro = {s.batch_size for s in samplers}
-    if len(micro) != 1 or train_cfg.batch_size % next(iter(micro)) != 0:
-        raise ValueError(f"every sampler needs the same batch_size dividing {train_cfg.batch_size}; got {micro}")
-    accum = train_cfg.batch_size // next(iter(micro))
-    seq_len = samplers[0].seq_len
-    cuda = device.type == "cuda"
-    amp = autocast(device, train_cfg.precision, model_cfg.n_embd)
-    fork_devices = [device.index if device.index is not None else torch.cuda.current_device()] if cuda else []
+    device, accum, amp, tokens_per_step = prepare(model_cfg, train_cfg, samplers, device)
     P = len(samplers)
 
     models = []
     for seed in seeds:  # exactly as train() builds its model, so the inits match
-        with torch.random.fork_rng(devices=fork_devices):
-            torch.manual_seed(seed)
+        with seeded(seed, device):
             models.append(GPT(model_cfg))
     model = StackedGPT(models).to(device)
     del models
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     # Matrices (stacked: 3-d) decay, biases and norm gains (stacked: 2-d) do not, as in train().
-    groups = [{"params": [p for p in params if p.dim() >= 3], "weight_decay": train_cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 3], "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=lr_at(0, train_cfg), betas=tuple(train_cfg.betas),
-                                  **({"fused": True} if cuda else {}))
+    optimizer = make_optimizer(param_groups(params, train_cfg.weight_decay, matrix_dim=3), train_cfg, device)
     losses = torch.zeros(train_cfg.steps, P, device=device)
-    tokens_per_step = train_cfg.batch_size * seq_len
     tail_avg, avg_from = TailAverage(), average_from(train_cfg)  # elementwise, so per proxy as in train()
     t0 = time.perf_counter()
     for step in range(train_cfg.steps):
-        check_deadline(deadline, step, train_cfg.steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, train_cfg)
+        start_step(optimizer, step, train_cfg, deadline)
         step_loss = torch.zeros(P, device=device)
         for _ in range(accum):
             xs, ys = zip(*(s.next_batch() for s in samplers))
@@ -219,24 +201,14 @@ def train_stacked(
             step_loss += per_proxy.detach() / accum
         if train_cfg.grad_clip > 0:
             _clip_per_proxy(params, train_cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step >= avg_from:
-            tail_avg.update(model)
+        end_step(optimizer, model, step, tail_avg, avg_from)
         losses[step] = step_loss
-        if train_cfg.log_every > 0 and ((step + 1) % train_cfg.log_every == 0 or step + 1 == train_cfg.steps):
+        if log_due(step, train_cfg):
             cur = losses[step]
             logger.info("step %d/%d, %d proxies: loss %.4f..%.4f", step + 1, train_cfg.steps, P,
                         cur.min().item(), cur.max().item())
     per_step = losses.t().tolist()  # syncs the device
     seconds = time.perf_counter() - t0
     tail_avg.copy_to(model)
-    tail = max(1, math.ceil(0.1 * train_cfg.steps))
-    tokens = train_cfg.steps * tokens_per_step
-    out = []
-    for m, loss_list in zip(model.unstack(), per_step):
-        finite = all(math.isfinite(v) for v in loss_list)
-        out.append((m, {"steps": train_cfg.steps, "tokens": tokens, "seconds": seconds,
-                        "tokens_per_s": tokens / max(seconds, 1e-9), "final_loss": float(sum(loss_list[-tail:]) / tail),
-                        "losses": loss_list, "num_params": m.num_params(), "finite": finite, "stacked": P}))
-    return out
+    return [(m, {**run_stats(loss_list, train_cfg, tokens_per_step, seconds, m.num_params()), "stacked": P})
+            for m, loss_list in zip(model.unstack(), per_step)]

@@ -16,6 +16,11 @@ Usage::
 
 If ``train_cfg.batch_size`` is a multiple of ``sampler.batch_size``, gradients are
 accumulated over micro-batches (to fit memory). Tested by ``pytest tests/test_proxies_model.py``.
+
+The setup ``train`` shares with ``proxies.stacked.train_stacked`` lives here too:
+``prepare`` (checks, device, micro-batches, autocast), ``seeded``, ``param_groups``
+and ``make_optimizer``, ``start_step`` / ``end_step`` (deadline, learning rate,
+optimizer step, tail average), ``log_due`` and ``run_stats``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Any, Iterable, NamedTuple
 
 import torch
 
@@ -115,9 +121,9 @@ def native_bf16(device: torch.device) -> bool:
     return False
 
 
-# On a CPU, bf16 pays only once the matmuls are wide enough: measured here, a
-# 64-wide proxy trained 0-15% slower under bf16 autocast, 96- and 128-wide ones
-# 5-18% faster and a 256-wide one 43% faster (BENCHMARKS.md).
+# On a CPU, bf16 pays only once the matmuls are wide enough: a narrow proxy
+# trained slower under bf16 autocast than in fp32, wider ones faster (see
+# BENCHMARKS.md, Stage speed).
 CPU_BF16_MIN_WIDTH = 96
 
 
@@ -166,13 +172,97 @@ class TailAverage:
                 p.copy_(a.to(p.dtype))
 
 
-def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    # Decay only matrices (linear weights, embeddings); biases and LayerNorm gains are left alone.
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+class Prepared(NamedTuple):
+    device: torch.device
+    accum: int  # micro-batches per optimizer step
+    amp: Any  # the autocast context forward passes run under
+    tokens_per_step: int
+
+
+def prepare(model_cfg: GPTConfig, train_cfg: TrainConfig, samplers: list[MixtureSampler],
+            device: str | torch.device) -> Prepared:
+    """Check that the samplers fit the model and the batch; the device, accumulation and autocast to train with."""
+    device = torch.device(device)
+    for s in samplers:
+        if s.seq_len > model_cfg.seq_len:
+            raise ValueError(
+                f"sampler.seq_len={s.seq_len} exceeds model seq_len={model_cfg.seq_len}; "
+                "build the sampler with seq_len=model_cfg.seq_len"
+            )
+    micro = sorted({s.batch_size for s in samplers})
+    if len(micro) != 1:
+        raise ValueError(f"every sampler needs the same batch_size; got {micro}")
+    if train_cfg.batch_size % micro[0] != 0:
+        raise ValueError(
+            f"train_cfg.batch_size={train_cfg.batch_size} is not a multiple of sampler.batch_size="
+            f"{micro[0]}; build the sampler with batch_size=train_cfg.batch_size"
+        )
+    return Prepared(device, train_cfg.batch_size // micro[0], autocast(device, train_cfg.precision, model_cfg.n_embd),
+                    train_cfg.batch_size * samplers[0].seq_len)
+
+
+@contextlib.contextmanager
+def seeded(seed: int, device: torch.device):
+    """torch's RNG seeded with ``seed`` inside (CPU, and ``device`` if CUDA); the caller's is restored after."""
+    cuda = device.type == "cuda"
+    fork_devices = [device.index if device.index is not None else torch.cuda.current_device()] if cuda else []
+    with torch.random.fork_rng(devices=fork_devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def param_groups(params: Iterable[torch.Tensor], weight_decay: float, matrix_dim: int = 2) -> list[dict]:
+    """AdamW groups: tensors of at least ``matrix_dim`` dimensions (matrices: linear weights,
+    embeddings) decay, the rest (biases, LayerNorm gains) does not."""
+    params = [p for p in params if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= matrix_dim], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < matrix_dim], "weight_decay": 0.0}]
+
+
+def make_optimizer(groups: list[dict], train_cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW at the schedule's first learning rate, fused on CUDA."""
+    return torch.optim.AdamW(groups, lr=lr_at(0, train_cfg), betas=tuple(train_cfg.betas),
+                             **({"fused": True} if device.type == "cuda" else {}))
+
+
+def start_step(optimizer: torch.optim.Optimizer, step: int, train_cfg: TrainConfig, deadline: float | None) -> float:
+    """Before a step: stop past the deadline, else set and return the step's learning rate."""
+    check_deadline(deadline, step, train_cfg.steps)
+    lr = lr_at(step, train_cfg)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def end_step(optimizer: torch.optim.Optimizer, model: torch.nn.Module, step: int, tail_avg: TailAverage,
+             avg_from: int) -> None:
+    """After the gradients (and clipping): the update, then the tail average from step ``avg_from`` on."""
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if step >= avg_from:
+        tail_avg.update(model)
+
+
+def log_due(step: int, train_cfg: TrainConfig) -> bool:
+    """Whether step (0-based) is a log point: every ``log_every`` steps, and the last."""
+    return train_cfg.log_every > 0 and ((step + 1) % train_cfg.log_every == 0 or step + 1 == train_cfg.steps)
+
+
+def run_stats(losses: list[float], train_cfg: TrainConfig, tokens_per_step: int, seconds: float,
+              num_params: int) -> dict:
+    """The stats dict a trainer returns for one proxy (see ``train``)."""
+    tail = max(1, math.ceil(0.1 * train_cfg.steps))
+    tokens = train_cfg.steps * tokens_per_step
+    return {
+        "steps": train_cfg.steps,
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "final_loss": float(sum(losses[-tail:]) / tail),
+        "losses": losses,
+        "num_params": num_params,
+        "finite": all(math.isfinite(v) for v in losses),
+    }
 
 
 def train(
@@ -191,46 +281,21 @@ def train(
     stats: steps, tokens, seconds, tokens_per_s, final_loss (mean of the last 10% of
     step losses), losses (one per step), num_params, finite (False if the loss diverged).
     """
-    device = torch.device(device)
-    if sampler.seq_len > model_cfg.seq_len:
-        raise ValueError(
-            f"sampler.seq_len={sampler.seq_len} exceeds model seq_len={model_cfg.seq_len}; "
-            "build the sampler with seq_len=model_cfg.seq_len"
-        )
-    if train_cfg.batch_size % sampler.batch_size != 0:
-        raise ValueError(
-            f"train_cfg.batch_size={train_cfg.batch_size} is not a multiple of sampler.batch_size="
-            f"{sampler.batch_size}; build the sampler with batch_size=train_cfg.batch_size"
-        )
-    accum = train_cfg.batch_size // sampler.batch_size
-    cuda = device.type == "cuda"
-    amp = autocast(device, train_cfg.precision, model_cfg.n_embd)
-    fork_devices = [device.index if device.index is not None else torch.cuda.current_device()] if cuda else []
+    device, accum, amp, tokens_per_step = prepare(model_cfg, train_cfg, [sampler], device)
 
-    with torch.random.fork_rng(devices=fork_devices):
-        torch.manual_seed(seed)
+    with seeded(seed, device):
         model = GPT(model_cfg).to(device)
         model.train()
         forward = torch.compile(model) if train_cfg.compile else model
-        opt_kwargs = {"fused": True} if cuda else {}
-        optimizer = torch.optim.AdamW(
-            _param_groups(model, train_cfg.weight_decay),
-            lr=lr_at(0, train_cfg),
-            betas=tuple(train_cfg.betas),
-            **opt_kwargs,
-        )
+        optimizer = make_optimizer(param_groups(model.parameters(), train_cfg.weight_decay), train_cfg, device)
         # Losses stay on the device and are read back only at log points, so CUDA
         # steps are not serialised by a host sync every step.
         losses = torch.zeros(train_cfg.steps, device=device)
-        tokens_per_step = train_cfg.batch_size * sampler.seq_len
         tail_avg, avg_from = TailAverage(), average_from(train_cfg)
         t0 = last_t = time.perf_counter()
         last_step = 0
         for step in range(train_cfg.steps):
-            check_deadline(deadline, step, train_cfg.steps)
-            lr = lr_at(step, train_cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            lr = start_step(optimizer, step, train_cfg, deadline)
             step_loss = torch.zeros((), device=device)
             for _ in range(accum):
                 x, y = sampler.next_batch()
@@ -241,12 +306,9 @@ def train(
                 step_loss += loss.detach() / accum
             if train_cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if step >= avg_from:
-                tail_avg.update(model)
+            end_step(optimizer, model, step, tail_avg, avg_from)
             losses[step] = step_loss
-            if train_cfg.log_every > 0 and ((step + 1) % train_cfg.log_every == 0 or step + 1 == train_cfg.steps):
+            if log_due(step, train_cfg):
                 current = losses[step].item()  # syncs the device, so the timing below is real
                 now = time.perf_counter()
                 tps = (step + 1 - last_step) * tokens_per_step / max(now - last_t, 1e-9)
@@ -258,21 +320,8 @@ def train(
         seconds = time.perf_counter() - t0
         tail_avg.copy_to(model)
 
-    tail = max(1, math.ceil(0.1 * train_cfg.steps))
-    final_loss = float(sum(loss_list[-tail:]) / tail)
-    finite = all(math.isfinite(v) for v in loss_list)
-    if not finite:
-        logger.warning("training diverged: non-finite loss (final_loss=%s)", final_loss)
+    stats = run_stats(loss_list, train_cfg, tokens_per_step, seconds, model.num_params())
+    if not stats["finite"]:
+        logger.warning("training diverged: non-finite loss (final_loss=%s)", stats["final_loss"])
     model.eval()
-    tokens = train_cfg.steps * tokens_per_step
-    stats = {
-        "steps": train_cfg.steps,
-        "tokens": tokens,
-        "seconds": seconds,
-        "tokens_per_s": tokens / max(seconds, 1e-9),
-        "final_loss": final_loss,
-        "losses": loss_list,
-        "num_params": model.num_params(),
-        "finite": finite,
-    }
     return model, stats

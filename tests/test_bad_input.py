@@ -13,8 +13,8 @@ import pytest
 import zstandard
 
 from climb.config import ClusterConfig, CorpusConfig, RunConfig
-from climb.export import check_weights
 from climb.io import InputError, read_documents, resolve_corpus_files
+from climb.mixture import check_weights
 from climb.stage import RunPaths
 
 
@@ -132,6 +132,21 @@ def test_weights_must_sum_to_one():
 def test_weights_shape_and_values(w, n, match):
     with pytest.raises(InputError, match=match):
         check_weights(w, n, "w")
+
+
+def test_weights_as_shares_are_rescaled_and_bad_rows_named():
+    assert check_weights([2.0, 6.0, 2.0], where="prior", tol=None).tolist() == [0.2, 0.6, 0.2]
+    W = check_weights([[1.0, 3.0], [2.0, 2.0]], 2, "w.csv", tol=None, rows=True)
+    assert W.tolist() == [[0.25, 0.75], [0.5, 0.5]]
+    with pytest.raises(InputError, match=r"prior: all-zero weights"):
+        check_weights([0.0, 0.0], where="prior", tol=None)
+    with pytest.raises(InputError, match=r"w\.csv: weights must be finite and non-negative "
+                                         r"\(negative in 1 row: keys b\)"):
+        check_weights([[1.0, 0.0], [1.0, -1.0]], where="w.csv", tol=None, rows=True, labels=["a", "b"])
+    with pytest.raises(InputError, match=r"w\.csv: all-zero weights \(in 1 row: keys a\)"):
+        check_weights([[0.0, 0.0], [1.0, 1.0]], where="w.csv", tol=None, rows=True, labels=["a", "b"])
+    with pytest.raises(InputError, match=r"w: weights of shape \(1, 2\)"):
+        check_weights([[0.5, 0.5]], 2, "w")
 
 
 def test_empty_documents_skipped_and_counted(tmp_path, fake_model):

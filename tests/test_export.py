@@ -11,7 +11,8 @@ import pytest
 
 from climb import export, pipeline
 from climb.cluster import load_assignments
-from climb.export import budget_for, check_weights, select
+from climb.export import budget_for, select
+from climb.mixture import check_weights
 from conftest import vocab_docs
 from proxies.tokenizer import load_tokenizer
 from scripted_run import prepare

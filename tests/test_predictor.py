@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from climb.predictor import (PREDICTORS, best_mixture, dedupe, make_predictor, min_child_samples, propose,
-                             rank_metrics, sample_candidates)
+from climb.candidates import dedupe, sample_candidates
+from climb.predictor import PREDICTORS, best_mixture, make_predictor, min_child_samples, propose, rank_metrics
 
 OPT = np.array([0.55, 0.2, 0.1, 0.1, 0.05])  # the known optimum of the synthetic response
 
@@ -189,7 +189,7 @@ def test_gp_equals_sklearn_at_fixed_hyperparameters(kernel):
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel, Matern
 
     from climb.acquisition import gp_posterior
-    from climb.predictor import GPPredictor
+    from climb.gp import GPPredictor
     X, y = swarm(40, seed=12)
     gp = GPPredictor(kernel=kernel).fit(X, y)
     base = (Matern(length_scale=gp.ls, length_scale_bounds="fixed", nu=2.5) if kernel == "matern52"

@@ -14,9 +14,10 @@ import pandas as pd
 import pytest
 
 from climb.acquisition import ACQUISITIONS, gp_posterior, select_batch
+from climb.gp import GPPredictor
 from climb.lookup import LookupTable
 from climb.lookup import main as lookup_main
-from climb.predictor import GPPredictor, make_predictor
+from climb.predictor import make_predictor
 from climb.strategy import Strategy, final_pick, plan, row_index, simulate
 
 OPT = np.array([0.05, 0.6, 0.05, 0.3])
