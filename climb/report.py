@@ -214,6 +214,8 @@ def transfer_section(v: dict) -> str:
         rank = "Rank transfer: not measured (fewer than 3 search mixtures validated)."
     else:
         ci = f", 95% interval [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]" if r["ci95"] else ""
+        if r.get("p_value") is not None:
+            ci += f", one-sided permutation p = {r['p_value']:.2g}"
         a = r["all_mixtures"]
         rank = (f"Rank transfer: Spearman between proxy score and larger-model score **{r['spearman']:+.2f}**{ci} "
                 f"over {r['n']} search mixtures chosen across the range of proxy scores"
@@ -221,8 +223,8 @@ def transfer_section(v: dict) -> str:
                    else "."))
     return "\n".join([
         f"A larger model ({size}; the proxies: {small}) trained on each mixture with the same "
-        f"{len(v['seeds'])} paired seeds ({v['seeds'][0]}..{v['seeds'][-1]}). Held-out evaluations were never seen "
-        "by the search.", "",
+        f"{len(v['seeds'])} paired seeds ({v['seeds'][0]}..{v['seeds'][-1]})."
+        + (" The held-out evaluations were never seen by the search." if v["heldout"] else ""), "",
         "| evaluation | vs | climb | baseline | climb − baseline (95% CI) | verdict |",
         "| --- | --- | --- | --- | --- | --- |", *rows, "", rank])
 
