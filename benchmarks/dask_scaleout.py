@@ -150,7 +150,7 @@ def bench_swarm(cfg, paths, n_proxies: int, results: list, details_common: dict,
     rng = np.random.default_rng(0)
     k = len(tokens)
     ws = [np.where(space["usable"], rng.dirichlet(np.ones(k)), 0.0) for _ in range(n_proxies)]
-    tasks = [search._task(cfg, paths, f"bench-{j:02d}", 0, w / w.sum(), cfg.search.seed) for j, w in enumerate(ws)]
+    tasks = [search.proxy_task(cfg, paths, f"bench-{j:02d}", 0, w / w.sum(), cfg.search.seed) for j, w in enumerate(ws)]
     strip = lambda recs: [{a: b for a, b in r.items() if a != "seconds"} for r in recs]  # noqa: E731
     per = {}
     if in_process:

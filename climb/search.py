@@ -199,10 +199,14 @@ def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: 
     return plan
 
 
-def _task(cfg: RunConfig, paths: RunPaths, mixture_id: str, it: int, weights, seed: int) -> dict:
+def proxy_task(cfg: RunConfig, paths: RunPaths, mixture_id: str, it: int, weights, seed: int,
+               heldout=None) -> dict:
+    """What one proxy run needs (plain data, so it runs in-process or on a Dask worker): the
+    mixture, the seed, the run's token store, the proxy and target configs, and optionally
+    held-out evaluations (a TargetConfig) scored beside the target."""
     return {"mixture_id": mixture_id, "iteration": it, "weights": list(map(float, weights)), "seed": seed,
             "search_dir": str(paths.root / "search"), "run_dir": str(paths.root),
-            "proxy": cfg.proxy, "target": cfg.target}
+            "proxy": cfg.proxy, "target": cfg.target, "heldout": heldout}
 
 
 def run_proxies(cfg: RunConfig, ex, tasks: list[dict], desc: str, on_record) -> list[dict]:
@@ -278,7 +282,7 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
             if todo:
                 log.info("search iteration %d/%d: %d proxies (%d already done)", it + 1, len(sc.iterations),
                          len(todo), len(plan["mixtures"]) - len(todo))
-            tasks = [_task(cfg, paths, m["mixture_id"], it, m["weights"], sc.seed) for m in todo]
+            tasks = [proxy_task(cfg, paths, m["mixture_id"], it, m["weights"], sc.seed) for m in todo]
             run_proxies(cfg, ex, tasks, f"proxies it{it + 1}", lambda i, rec: _append(paths, rec))
             results = read_results(paths)  # the file is the record: CSVs, manifest and report agree with it
             results_log.require_successes(results, 1)
@@ -349,7 +353,7 @@ def replicates(cfg: RunConfig, paths: RunPaths, ex, results: list[dict]) -> dict
     seeds = [sc.seed + 1 + s for s in range(sc.replicate_seeds)]
     todo = [(r, s) for r in first for s in seeds
             if results_log.retry(have.get(f"{r['mixture_id']}/{s}"), sc.retry_failed)]
-    tasks = [_task(cfg, paths, f"{r['mixture_id']}-seed{s}", 0, r["weights"], s) for r, s in todo]
+    tasks = [proxy_task(cfg, paths, f"{r['mixture_id']}-seed{s}", 0, r["weights"], s) for r, s in todo]
 
     def keep(i: int, rec: dict) -> None:
         have["{}/{}".format(todo[i][0]["mixture_id"], todo[i][1])] = rec
@@ -396,7 +400,7 @@ def one_shot(cfg: RunConfig, paths: RunPaths, ex, space: dict, results: list[dic
     have = read_json(out_file) if out_file.exists() else {}
     todo = [j for j in range(len(pool))
             if f"it0-{j:03d}" not in trained and results_log.retry(have.get(f"oneshot-{j:03d}"), sc.retry_failed)]
-    tasks = [_task(cfg, paths, f"oneshot-{j:03d}", -2, pool[j], sc.seed) for j in todo]
+    tasks = [proxy_task(cfg, paths, f"oneshot-{j:03d}", -2, pool[j], sc.seed) for j in todo]
 
     def keep(i: int, rec: dict) -> None:
         have[f"oneshot-{todo[i]:03d}"] = rec
@@ -421,7 +425,7 @@ def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict) -> dict:
     seeds = [cfg.search.eval_seed + s for s in range(cfg.search.eval_seeds)]
     todo = [(n, seed) for n in names for seed in seeds
             if results_log.retry(have.get(f"{n}/{seed}"), cfg.search.retry_failed)]
-    tasks = [_task(cfg, paths, f"final-{n}-{seed}", -1, mixtures[n], seed) for n, seed in todo]
+    tasks = [proxy_task(cfg, paths, f"final-{n}-{seed}", -1, mixtures[n], seed) for n, seed in todo]
 
     def keep(i: int, rec: dict) -> None:
         have["{}/{}".format(*todo[i])] = rec

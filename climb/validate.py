@@ -135,14 +135,8 @@ def plan(cfg: RunConfig, paths: RunPaths) -> dict:
     return out
 
 
-def _task(cfg: RunConfig, paths: RunPaths, model, heldout, name: str, weights, seed: int) -> dict:
-    return {"mixture_id": name, "iteration": -3, "weights": list(map(float, weights)), "seed": seed,
-            "search_dir": str(paths.root / "search"), "run_dir": str(paths.root), "proxy": model,
-            "target": cfg.target, "heldout": heldout}
-
-
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
-    from .search import run_proxies
+    from .search import proxy_task, run_proxies
     check_validation_trains(cfg)
     key = stage_hash(cfg, paths)
     if is_done(paths, "validate", key, keep=("results.jsonl",)):
@@ -159,8 +153,8 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
     total = sum(len(m["seeds"]) for m in p["mixtures"])
     log.info("validate: %d models of %d layers x %d wide, %d steps x %d x %d tokens (%d already done)",
              total, model.n_layer, model.n_embd, model.steps, model.batch_size, model.seq_len, total - len(todo))
-    tasks = [_task(cfg, paths, model, heldout, m["name"], m["weights"], s) for m, s in todo]
     run_cfg = dataclasses.replace(cfg, proxy=model)
+    tasks = [proxy_task(run_cfg, paths, m["name"], -3, m["weights"], s, heldout) for m, s in todo]
     with make_executor(cfg.executor, proxy_processes(model, cfg.executor)) as ex:
         run_proxies(run_cfg, ex, tasks, "validation models",
                     lambda i, rec: results_log.append(_results_path(paths), rec))

@@ -198,7 +198,7 @@ def test_builtin_proxies_equal_on_dask(local_run, shared_clusters):
     shard = sorted(cfg.corpus.paths)[0].replace("*.parquet", "part-00000.parquet")
     tc = dataclasses.replace(cfg.target, texts=(shard,), objective=("bpb",))
     k = _json(local_run.root / "search" / "tokens" / "index.json")["n_clusters"]
-    tasks = [search._task(dataclasses.replace(cfg, proxy=pc, target=tc), local_run, f"b{j}", 0,
+    tasks = [search.proxy_task(dataclasses.replace(cfg, proxy=pc, target=tc), local_run, f"b{j}", 0,
                           np.roll(np.arange(1, k + 1), j) / (k * (k + 1) / 2), seed=j) for j in range(3)]
     here = LocalExecutor().map(train_and_score, tasks)
     with DaskExecutor("", workers=2, threads_per_worker=1) as ex:

@@ -99,7 +99,7 @@ def _builtin_tasks(cfg, paths, n: int, timeout_s: float):
                              warmup_steps=2, device="cpu", timeout_s=timeout_s, swarm="stacked")
     k = len(json.loads((paths.root / "search" / "tokens" / "index.json").read_text())["tokens"])
     run = dataclasses.replace(cfg, proxy=pc)
-    return [search._task(run, paths, f"b{j}", 0, np.full(k, 1 / k), seed=j) for j in range(n)]
+    return [search.proxy_task(run, paths, f"b{j}", 0, np.full(k, 1 / k), seed=j) for j in range(n)]
 
 
 def test_builtin_trainer_stops_at_its_deadline(tmp_path, monkeypatch):

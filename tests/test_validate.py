@@ -27,13 +27,6 @@ NOISY = HELPERS / "noisy_proxy.py"
 LARGER = f'validate.model={{command = "{sys.executable} {NOISY} {{weights}} {{out}}"}}'
 
 
-def _true(w):
-    w = np.asarray(w)
-    t = np.full(len(w), 0.1 / (len(w) - 1))
-    t[-1] = 0.9
-    return float(((w - t) ** 2).sum())
-
-
 @pytest.fixture
 def searched(tmp_path, fake_model, make_docs, write_shards):
     """A run folder searched with the bowl; returns (config for validate, paths)."""
