@@ -174,8 +174,9 @@ def plot_transfer(summary: dict, name: str, out: Path) -> str | None:
                         textcoords="offset points")
     r = summary["rank"]
     rho = "n/a" if r["spearman"] is None else f"{r['spearman']:+.2f}"
-    ax.set_xlabel(f"proxy {name}")
-    ax.set_ylabel(f"larger model {name}")
+    short = name if len(name) <= 30 else f"target ({name.count('+') + 1} metrics averaged)"
+    ax.set_xlabel(f"proxy: {short}")
+    ax.set_ylabel(f"larger model: {short}")
     ax.set_title(f"Rank transfer (Spearman over search mixtures {rho})")
     ax.legend()
     fig.tight_layout()
@@ -185,6 +186,9 @@ def plot_transfer(summary: dict, name: str, out: Path) -> str | None:
 
 
 def _comparison_rows(block: dict, label: str) -> list[str]:
+    if block.get("constant") is not None:  # e.g. an accuracy every model scores 0 on: nothing to compare
+        return [f"| {label} ({block['goal']}) | all | {block['constant']:.4f} | {block['constant']:.4f} | "
+                "every model scored the same | uninformative at this scale |"]
     rows = []
     for n, c in block["comparison"].items():
         if c.get("ci95"):

@@ -193,7 +193,10 @@ def summarize(cfg: RunConfig, paths: RunPaths, p: dict, records: list[dict], mod
                  for n, v in table.items()}
         nan = lambda v: [np.nan if x is None else x for x in v]  # noqa: E731
         comp = {n: paired_comparison(nan(table["climb"]), nan(v), goal) for n, v in table.items() if n != "climb"}
-        return {"goal": goal, "means": means, "comparison": comp}
+        values = {x for v in table.values() for x in v if x is not None}
+        # One value for every model (an accuracy all score 0 on): no comparison says anything.
+        constant = values.pop() if len(values) == 1 and metric != "objective" else None
+        return {"goal": goal, "means": means, "comparison": comp, "constant": constant}
 
     target = block("objective")
     target["name"] = "+".join(cfg.target.objective)
@@ -246,6 +249,10 @@ def summary_lines(s: dict) -> list[str]:
              + ", ".join(f"{n} {v:.4f}" for n, v in t["means"].items() if v is not None)]
     lines += [f"  climb vs {n}: {fmt_comparison(n, c)}" for n, c in t["comparison"].items()]
     for metric, b in s["heldout"].items():
+        if b.get("constant") is not None:
+            lines.append(f"  held-out {metric[len('heldout/'):]}: {b['constant']:g} for every model (uninformative "
+                         "at this scale)")
+            continue
         lines += [f"  held-out {metric[len('heldout/'):]} ({b['goal']}), climb vs {n}: {fmt_comparison(n, c)}"
                   for n, c in b["comparison"].items()]
     r = s["rank"]

@@ -169,6 +169,13 @@ def test_heldout_metrics_and_their_directions():
     assert s["heldout"]["heldout/cloze/gold_loss_per_byte"]["goal"] == "minimize"
     assert s["heldout"]["heldout/cloze/gold_loss_per_byte"]["comparison"]["uniform"]["verdict"] == "better"
     assert s["target"]["comparison"]["uniform"]["verdict"] == "better"
+    assert s["heldout"]["heldout/cloze/acc"]["constant"] is None
+    # an accuracy every model scores 0 on is said to be uninformative, not compared
+    for r in recs:
+        r["metrics"]["heldout/cloze/acc"] = 0.0
+    s = validate.summarize(cfg, NoRun(), plan, recs, validation_model(cfg))
+    assert s["heldout"]["heldout/cloze/acc"]["constant"] == 0.0
+    assert "uninformative" in report.transfer_section(s) and "uninformative" in "".join(validate.summary_lines(s))
 
 
 def test_heldout_evaluation_of_a_built_in_model(tmp_path):
