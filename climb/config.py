@@ -397,12 +397,7 @@ def validate(cfg: RunConfig) -> None:
                           f"{cfg.embed.backend!r} (\"auto\": OpenVINO on a CPU, torch on a GPU)")
     if cfg.executor.kind not in ("local", "dask"):
         raise ConfigError(f"executor.kind must be 'local' or 'dask', got {cfg.executor.kind!r}")
-    if cfg.proxy.schedule not in ("cosine", "wsd"):
-        raise ConfigError(f"proxy.schedule must be 'cosine' or 'wsd', got {cfg.proxy.schedule!r}")
-    if cfg.proxy.precision not in ("auto", "bf16", "fp32"):
-        raise ConfigError(f"proxy.precision must be 'auto', 'bf16' or 'fp32', got {cfg.proxy.precision!r}")
-    if cfg.proxy.swarm not in ("auto", "stacked", "single"):
-        raise ConfigError(f"proxy.swarm must be 'auto', 'stacked' or 'single', got {cfg.proxy.swarm!r}")
+    _check_model(cfg.proxy, "proxy")
     if cfg.search.eval_seeds < 2:
         raise ConfigError(f"search.eval_seeds must be at least 2 (paired seeds give the comparison its interval), "
                           f"got {cfg.search.eval_seeds}")
@@ -427,8 +422,6 @@ def validate(cfg: RunConfig) -> None:
               "search.final_top_k", "export.weight_tolerance", "executor.dask_resource_grace_s")
     if cfg.proxy.n_embd % cfg.proxy.n_head:
         raise ConfigError(f"proxy.n_embd={cfg.proxy.n_embd} must be a multiple of proxy.n_head={cfg.proxy.n_head}")
-    if not cfg.proxy.lr > 0:
-        raise ConfigError(f"proxy.lr must be positive, got {cfg.proxy.lr}")
     if not 0 < cfg.search.epoch_cap:
         raise ConfigError(f"search.epoch_cap must be positive, got {cfg.search.epoch_cap}")
     if cfg.export.long_docs not in ("truncate", "skip"):
@@ -468,6 +461,17 @@ def validation_model(cfg: RunConfig) -> ProxyConfig:
         raise ConfigError(str(e).replace("[validate.model]", "validate.model")) from None
 
 
+def _check_model(pc: ProxyConfig, where: str) -> None:
+    """The choices and learning rate of a proxy-like model ([proxy] or the validation model)."""
+    for name, choices in (("schedule", ("cosine", "wsd")), ("precision", ("auto", "bf16", "fp32")),
+                          ("swarm", ("auto", "stacked", "single"))):
+        if getattr(pc, name) not in choices:
+            options = ", ".join(map(repr, choices[:-1])) + f" or {choices[-1]!r}"
+            raise ConfigError(f"{where}.{name} must be {options}, got {getattr(pc, name)!r}")
+    if not pc.lr > 0:
+        raise ConfigError(f"{where}.lr must be positive, got {pc.lr}")
+
+
 def _check_validate(cfg: RunConfig) -> None:
     v = cfg.validate
     if v.seeds < 3:
@@ -490,12 +494,7 @@ def _check_validate(cfg: RunConfig) -> None:
     for name in ("steps", "batch_size", "seq_len", "n_layer", "n_head", "n_embd"):
         if getattr(m, name) < 1:
             raise ConfigError(f"validate.model.{name} must be at least 1, got {getattr(m, name)}")
-    if not m.lr > 0:
-        raise ConfigError(f"validate.model.lr must be positive, got {m.lr}")
-    if m.schedule not in ("cosine", "wsd") or m.precision not in ("auto", "bf16", "fp32") \
-            or m.swarm not in ("auto", "stacked", "single"):
-        raise ConfigError("validate.model: schedule, precision and swarm take the values [proxy] does "
-                          f"(got {m.schedule!r}, {m.precision!r}, {m.swarm!r})")
+    _check_model(m, "validate.model")
     if m.command:
         check_command(m.command)
         if v.texts or v.tasks:

@@ -129,16 +129,19 @@ def summary_table(summary: dict) -> str:
     lines = [f"| mixture | {t['name']} ({t['goal']}) | climb − mixture (95% CI) | verdict |",
              "| --- | --- | --- | --- |"]
     for k, v in res.items():
-        c = comp.get(k)
-        if c and c.get("ci95"):
-            diff = f"{c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]"
-            verdict = f"climb {c['verdict']}" if c["verdict"] != "not resolved" else "not resolved"
-            if c.get("seeds_to_resolve"):
-                verdict += f" (about {c['seeds_to_resolve']} seeds would resolve it)"
-        else:
-            diff, verdict = "", ""
+        diff, verdict = _verdict_cells(comp.get(k), "", "")
+        if comp.get(k, {}).get("ci95") and comp[k].get("seeds_to_resolve"):
+            verdict += f" (about {comp[k]['seeds_to_resolve']} seeds would resolve it)"
         lines.append(f"| {k}{' (best)' if k == best else ''} | {v:.4f} | {diff} | {verdict} |")
     return "\n".join(lines)
+
+
+def _verdict_cells(c: dict | None, no_diff: str, no_verdict: str) -> tuple[str, str]:
+    """A paired comparison as table cells: the difference with its 95% interval, and the verdict."""
+    if not c or not c.get("ci95"):
+        return no_diff, no_verdict
+    verdict = f"climb {c['verdict']}" if c["verdict"] != "not resolved" else "not resolved"
+    return f"{c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]", verdict
 
 
 def quality_lines(q: dict) -> str:
@@ -191,11 +194,7 @@ def _comparison_rows(block: dict, label: str) -> list[str]:
                 "every model scored the same | uninformative at this scale |"]
     rows = []
     for n, c in block["comparison"].items():
-        if c.get("ci95"):
-            diff = f"{c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]"
-            verdict = f"climb {c['verdict']}" if c["verdict"] != "not resolved" else "not resolved"
-        else:
-            diff, verdict = "n/a", "not resolved"
+        diff, verdict = _verdict_cells(c, "n/a", "not resolved")
         ours, theirs = block["means"].get("climb"), block["means"].get(n)
         fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
         rows.append(f"| {label} ({block['goal']}) | {n} | {fmt(ours)} | {fmt(theirs)} | {diff} | {verdict} |")

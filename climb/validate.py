@@ -105,7 +105,8 @@ def plan(cfg: RunConfig, paths: RunPaths) -> dict:
     v = cfg.validate
     sdir = paths.root / "search"
     mix = read_json(sdir / "mixture.json")
-    comparison = read_json(sdir / "comparison.json") if (sdir / "comparison.json").exists() else {}
+    # The search's comparison: each compared mixture's mean over its paired seeds.
+    proxy_means = read_json(paths.manifest("search"))["stats"].get("comparison", {})
     compared = {"climb": mix["weights"], "uniform": mix["uniform"], "natural": mix["natural"]}
     if (sdir / "one_shot_mixture.json").exists():
         compared["one-shot"] = read_json(sdir / "one_shot_mixture.json")["weights"]
@@ -115,13 +116,8 @@ def plan(cfg: RunConfig, paths: RunPaths) -> dict:
         raise InputError(f"validate: the search did not compute the {missing} baseline(s); add them to "
                          "search.baselines (and run `climb search` again) or to validate.baselines")
     seeds = [v.seed + i for i in range(v.seeds)]
-
-    def proxy_mean(name: str) -> float | None:
-        vals = [r["objective"] for k, r in comparison.items()
-                if k.split("/")[0] == name and r.get("status") == "ok"]
-        return float(np.mean(vals)) if vals else None
     mixtures = [{"name": n, "role": "compared", "weights": list(map(float, compared[n])),
-                 "proxy_score": proxy_mean(n), "seeds": seeds} for n in names]
+                 "proxy_score": proxy_means.get(n), "seeds": seeds} for n in names]
     for r in choose_rank_mixtures([r for r in search_results(paths) if r["iteration"] >= 0], v.rank_mixtures,
                                   cfg.target.goal):
         same = next((m for m in mixtures if np.abs(np.subtract(m["weights"], r["weights"])).sum() < 1e-9), None)
