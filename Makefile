@@ -15,7 +15,7 @@ export HF_HOME ?= $(CURDIR)/.cache/huggingface
 
 # `make validate`: the larger model on the found mixture, the baselines and search mixtures
 # (the validate stage; the report gains its "Does it transfer?" section).
-.PHONY: install demo run validate embed cluster search export report test bench bench-procs bench-e2e clean
+.PHONY: install demo run validate embed cluster tokenize search export report test bench bench-procs bench-e2e clean
 
 install: $(STAMP)
 
@@ -35,7 +35,7 @@ run: demo
 validate: $(STAMP)
 	$(BIN)/climb run $(ARGS) --set validate.enabled=true
 
-embed cluster search export report: $(STAMP)
+embed cluster tokenize search export report: $(STAMP)
 	$(BIN)/climb $@ $(ARGS)
 
 test: $(STAMP)

@@ -112,8 +112,7 @@ def bench_embed(cfg, paths, results: list, details_common: dict) -> None:
     per_n = {}
     for n in (1, 2):
         out_dir = paths.root / f"embed-dask{n}"
-        tasks = [{"path": str(f), "out_dir": str(out_dir), "corpus": cfg.corpus, "embed": cfg.embed}
-                 for f in files]
+        tasks = [embed.EmbedTask(path=str(f), out_dir=str(out_dir), corpus=cfg.corpus, embed=cfg.embed) for f in files]
         t_start = time.time()
         with DaskExecutor("", workers=n, threads_per_worker=1, reuse=False) as ex:
             started = time.time() - t_start
@@ -141,11 +140,12 @@ def bench_embed(cfg, paths, results: list, details_common: dict) -> None:
 
 
 def bench_swarm(cfg, paths, n_proxies: int, results: list, details_common: dict, in_process: bool) -> None:
-    from climb import cluster, search
+    from climb import cluster, search, tokenization
     from climb.executor import DaskExecutor, LocalExecutor
     from climb.proxy import train_and_score
     cluster.run(cfg, paths)
-    tokens = search.prepare(cfg, paths, LocalExecutor())["tokens"]
+    tokenization.run(cfg, paths)
+    tokens = tokenization.cluster_tokens(paths)
     space = search.mixture_space(cfg, tokens)
     rng = np.random.default_rng(0)
     k = len(tokens)

@@ -35,7 +35,7 @@ TARGET_LABEL = "tech"
 def cluster_label_shares(run: Path, label: str = TARGET_LABEL) -> np.ndarray:
     """Per cluster, the share of its tokens from documents with `label` (pruned documents skipped)."""
     from proxies.tokenizer import load_tokenizer
-    tok = load_tokenizer(run / "search" / "tokenizer.json")
+    tok = load_tokenizer(run / "tokenize" / "tokenizer.json")
     n_clusters = json.loads((run / "cluster" / "clusters.json").read_text())["n_clusters"]
     hit = np.zeros(n_clusters)
     total = np.zeros(n_clusters)

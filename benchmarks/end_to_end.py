@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("embed", "cluster", "search", "validate", "export", "report")
+STAGES = ("embed", "cluster", "tokenize", "search", "validate", "export", "report")
 KEEP = {"embed": ("docs", "docs_per_s", "device"), "cluster": ("docs", "k", "clusters", "pruned"),
+        "tokenize": ("tokens", "vocab_size"),
         "search": ("proxies", "failed", "clusters", "comparison"),
         "validate": ("models", "trained", "failed", "verdicts", "rank_spearman"), "export": ("docs", "tokens", "files"),
         "report": ("figures",)}

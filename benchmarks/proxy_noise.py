@@ -73,7 +73,7 @@ def _parse_set(items: list[str]) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", default="runs/demo", help="a finished run (search/tokens, target)")
+    ap.add_argument("--run", default="runs/demo", help="a finished run (tokenize/tokens, target)")
     ap.add_argument("--config", default="", help="config of the run (default: <run>/config.toml)")
     ap.add_argument("--variants", nargs="*", default=[], choices=sorted(VARIANTS))
     ap.add_argument("--variant-set", nargs="*", default=[],
@@ -86,7 +86,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
 
     from climb.config import load_config
-    from climb.search import _candidates, mixture_space
+    from climb.search import _candidates, mixture_space, proxy_task
     from climb.stage import RunPaths
     from proxies.tokens import TokenStore
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -95,7 +95,7 @@ def main(argv=None) -> None:
     run = Path(a.run).resolve()
     cfg = load_config(a.config or run / "config.toml")
     paths = RunPaths(run)
-    store = TokenStore(run / "search" / "tokens")
+    store = TokenStore(paths.tokenize.store)
     space = mixture_space(cfg, store.tokens.astype(np.int64))
     swarm = _candidates(cfg, space, max(a.swarm * 20, 1000), cfg.search.seed)[: a.swarm]
     reps = [space["natural"], space["uniform"]] + list(swarm[: max(0, a.replicates - 2)])
@@ -117,8 +117,7 @@ def main(argv=None) -> None:
             t0 = time.time()
 
             def task(mid, w, seed):
-                return {"mixture_id": mid, "iteration": 0, "weights": [float(x) for x in w], "seed": seed,
-                        "search_dir": str(run / "search"), "run_dir": str(run), "proxy": pc, "target": cfg.target}
+                return proxy_task(dataclasses.replace(cfg, proxy=pc), paths, mid, 0, w, seed)
             rep_tasks = [task(f"rep{m}-s{s}", w, 1000 + s) for m, w in enumerate(reps) for s in range(a.seeds)]
             swarm_tasks = [task(f"swarm{j}", w, 1000) for j, w in enumerate(swarm)]
             recs = list(pool.map(_run, rep_tasks + swarm_tasks))

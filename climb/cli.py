@@ -1,7 +1,7 @@
 """The `climb` command line.
 
     climb run     --config pipelines/demo.toml [--run runs/demo] [--set cluster.k=32 ...]
-    climb embed | cluster | search | validate | export | report  (same options; earlier stages run first)
+    climb embed | cluster | tokenize | search | validate | export | report  (same options; earlier stages first)
     climb predictor evaluate | propose ...             (swarm CSVs in, metrics or mixtures out)
     climb run --config pipelines/demo.toml --executor dask --dask-workers 2
 
@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     _stage_parser(sub, "run", "every stage, end to end").set_defaults(func=_run_stage)
     helps = {"embed": "embed the corpus", "cluster": "k-means, prune, merge, summarise",
+             "tokenize": "train the proxies' tokenizer and build the per-cluster token store",
              "search": "the proxy-swarm search for the best mixture",
              "validate": "train a larger model on the found mixture and baselines: does it transfer?",
              "export": "write the optimised dataset and blend files", "report": "plots and summary page"}

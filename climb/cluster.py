@@ -17,19 +17,18 @@
 from __future__ import annotations
 
 import logging
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .config import ClusterConfig, RunConfig
-from .embed import load_embeddings, load_ids, shard_files, shard_name
-from .executor import make_executor
-from .io import InputError, read_documents, read_json, write_json, write_parquet
+from .config import ClusterConfig, CorpusConfig, RunConfig
+from .embed import load_embeddings, load_ids
+from .io import InputError, read_aligned, write_json, write_parquet
 from .kmeans import assign, train_kmeans
-from .stage import RunPaths, begin, finish, is_done, skipped, stage_key, upstream_hash
+from .stage import RunPaths, execute, stage_key, upstream_hash
 
 log = logging.getLogger(__name__)
 SNIPPET = 240
@@ -55,36 +54,46 @@ def _hq_probability(model, text: str) -> float:
     return float(dict((label, p) for p, label in pairs).get("__label__hq", 0.0))
 
 
-def _quality(task: dict, ids: list[str]) -> np.ndarray | None:
-    cc, kc = task["corpus"], task["cluster"]
-    if not (kc.quality_column or kc.quality_fasttext):
+@dataclass(frozen=True)
+class AssignTask:
+    """One shard's documents to assign to their nearest fine centroid (and to score for quality)."""
+    shard: str
+    path: str
+    run_dir: str
+    corpus: CorpusConfig
+    cluster: ClusterConfig
+    centroids: str
+    out: str
+
+
+def _quality(task: AssignTask, ids: list[str]) -> np.ndarray | None:
+    corpus, settings = task.corpus, task.cluster
+    if not (settings.quality_column or settings.quality_fasttext):
         return None
-    extra = [kc.quality_column] if kc.quality_column else []
-    scores, seen = [], []
+    extra = [settings.quality_column] if settings.quality_column else []
+    scores = []
     model = None
-    if kc.quality_fasttext:
+    if settings.quality_fasttext:
         import fasttext
-        model = fasttext.load_model(kc.quality_fasttext)
-    for b in read_documents(task["path"], cc.text_column, cc.id_column, extra, cc.batch_rows):
-        seen += b.ids
-        if kc.quality_column:
-            scores += [float(x) if x is not None else float("nan") for x in b.extra[kc.quality_column]]
+        model = fasttext.load_model(settings.quality_fasttext)
+    for _, b in read_aligned(task.path, corpus, len(ids), ids, extra):
+        if settings.quality_column:
+            scores += [float(x) if x is not None else float("nan") for x in b.extra[settings.quality_column]]
         else:
             scores += [_hq_probability(model, t) for t in b.texts]
-    if seen != ids:
-        raise InputError(f"{task['path']} changed since it was embedded; re-run `climb embed`")
     return np.asarray(scores, dtype=np.float32)
 
 
-def assign_shard(task: dict) -> dict:
+def assign_shard(task: AssignTask) -> dict:
     """Nearest fine centroid (and quality score) for every document of one shard."""
-    out = Path(task["out"])
+    out, k = Path(task.out), task.cluster.k
     if out.exists():
         t = pq.read_table(out, columns=["fine"])
-        return {"shard": task["shard"], "counts": np.bincount(t["fine"].to_numpy(), minlength=task["k"]).tolist()}
-    emb = load_embeddings(Path(task["emb_dir"]), [task["shard"]])[0]
-    ids = load_ids(Path(task["emb_dir"]), task["shard"])["id"].to_pylist()
-    cents = np.load(task["centroids"])
+        return {"shard": task.shard, "counts": np.bincount(t["fine"].to_numpy(), minlength=k).tolist()}
+    paths = RunPaths(Path(task.run_dir))
+    emb = load_embeddings(paths, [task.shard])[0]
+    ids = load_ids(paths, task.shard)["id"].to_pylist()
+    cents = np.load(task.centroids)
     fine, dist = assign(np.asarray(emb, dtype=np.float32), cents)
     cols = {"id": pa.array(ids, pa.string()), "fine": pa.array(fine, pa.int32()),
             "distance": pa.array(dist, pa.float32())}
@@ -92,7 +101,7 @@ def assign_shard(task: dict) -> dict:
     if q is not None:
         cols["quality"] = pa.array(q, pa.float32())
     write_parquet(out, pa.table(cols))
-    return {"shard": task["shard"], "counts": np.bincount(fine, minlength=task["k"]).tolist()}
+    return {"shard": task.shard, "counts": np.bincount(fine, minlength=k).tolist()}
 
 
 def plan_clusters(cfg: ClusterConfig, centroids: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, dict]:
@@ -120,45 +129,54 @@ def plan_clusters(cfg: ClusterConfig, centroids: np.ndarray, counts: np.ndarray)
                      "pruned_small_docs": int(counts[~keep].sum())}
 
 
-def finalise_shard(task: dict) -> dict:
+@dataclass(frozen=True)
+class SummariseTask:
+    """One shard's final clusters to write, and its part of the cluster summary to gather."""
+    path: str
+    corpus: CorpusConfig
+    fine: str  # the shard's fine assignments (AssignTask.out)
+    out: str
+    fine_to: tuple[int, ...]  # fine cluster -> final cluster (-1: pruned)
+    min_quality: float
+    n_clusters: int
+    seed: int
+    sample_p: float  # chance that a document is sampled for the top terms
+    exemplars: int
+
+
+def finalise_shard(task: SummariseTask) -> dict:
     """Write the final cluster column and gather this shard's part of the summary."""
-    fine_tab = pq.read_table(task["fine"])
-    fine_to = np.asarray(task["fine_to"])
+    fine_tab = pq.read_table(task.fine)
+    fine_to = np.asarray(task.fine_to)
     fine = fine_tab["fine"].to_numpy()
     cluster = fine_to[fine]
     pruned_quality = 0
     if "quality" in fine_tab.column_names:
-        bad = ~(fine_tab["quality"].to_numpy() >= task["min_quality"])
+        bad = ~(fine_tab["quality"].to_numpy() >= task.min_quality)
         pruned_quality = int((bad & (cluster >= 0)).sum())
         cluster = np.where(bad, -1, cluster)
     dist = fine_tab["distance"].to_numpy()
     table = pa.table({"id": fine_tab["id"], "fine": fine_tab["fine"],
                       "cluster": pa.array(cluster, pa.int32()), "distance": fine_tab["distance"]})
-    write_parquet(task["out"], table)
-    c = task["n_clusters"]
+    write_parquet(task.out, table)
+    c = task.n_clusters
     bytes_, words = np.zeros(c, np.int64), np.zeros(c, np.int64)
-    rng = np.random.default_rng(task["seed"])
+    rng = np.random.default_rng(task.seed)
     samples: dict[int, list[str]] = {}
     best: dict[int, list[tuple[float, str, str]]] = {}
-    cc = task["corpus"]
-    row = 0
-    for b in read_documents(task["path"], cc.text_column, cc.id_column, batch_rows=cc.batch_rows):
-        for doc_id, text in zip(b.ids, b.texts):
+    for start, b in read_aligned(task.path, task.corpus, len(cluster)):
+        for row, (doc_id, text) in enumerate(zip(b.ids, b.texts), start):
             cl = int(cluster[row])
-            d = float(dist[row])
-            row += 1
             if cl < 0:
                 continue
             bytes_[cl] += len(text.encode("utf-8"))
             words[cl] += len(text.split())
-            if rng.random() < task["sample_p"]:
+            if rng.random() < task.sample_p:
                 samples.setdefault(cl, []).append(text[:2000])
-            ex = best.setdefault(cl, [])
-            ex.append((d, doc_id, text[:SNIPPET]))
-            ex.sort()
-            del ex[task["exemplars"]:]
-    if row != len(cluster):
-        raise InputError(f"{task['path']} changed since it was embedded; re-run `climb embed`")
+            nearest = best.setdefault(cl, [])
+            nearest.append((float(dist[row]), doc_id, text[:SNIPPET]))
+            nearest.sort()
+            del nearest[task.exemplars:]
     return {"bytes": bytes_.tolist(), "words": words.tolist(), "samples": samples, "exemplars": best,
             "docs": np.bincount(cluster[cluster >= 0], minlength=c).tolist(),
             "pruned_quality": pruned_quality, "pruned": int((cluster < 0).sum())}
@@ -188,72 +206,74 @@ def top_terms(samples: dict[int, list[str]], n_clusters: int, n_terms: int) -> l
     return out
 
 
-def stage_hash(cfg: RunConfig, paths: RunPaths) -> str:
+def key(cfg: RunConfig, paths: RunPaths) -> str:
     return stage_key(upstream_hash(paths, "embed"), cfg.cluster, cfg.corpus.text_column)
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
-    key = stage_hash(cfg, paths)
-    if is_done(paths, "cluster", key):
-        return skipped(paths, "cluster")
-    t0 = time.time()
-    kc = cfg.cluster
-    emb_dir, out = paths.root / "embed", begin(paths, "cluster", key)
-    names = read_json(paths.manifest("embed"))["stats"]["shards"]
-    files = {shard_name(f): f for f in paths.corpus_files(cfg)}
-    embs = load_embeddings(emb_dir, names)
+    return execute(paths, "cluster", key(cfg, paths), lambda folder, ex: _cluster(cfg, paths, ex),
+                   executor=cfg.executor, digest_files=("clusters.json",))
+
+
+def _cluster(cfg: RunConfig, paths: RunPaths, ex) -> dict:
+    settings, out = cfg.cluster, paths.cluster
+    names = paths.shards()
+    files = paths.shard_files(cfg)
+    embs = load_embeddings(paths, names)
     n = sum(len(e) for e in embs)
-    if n < kc.k:
-        raise InputError(f"{n} documents but cluster.k={kc.k}: need at least as many documents as clusters; "
+    if n < settings.k:
+        raise InputError(f"{n} documents but cluster.k={settings.k}: need at least as many documents as clusters; "
                          f"lower it (--set cluster.k={max(2, n // 10)}) or add documents")
-    sample = _sample(embs, kc.sample_size, kc.seed)
-    cents, kstats = train_kmeans(sample, kc.k, kc.niter, kc.seed)
-    np.save(out / "centroids.npy", cents)
-    base = {"corpus": cfg.corpus, "cluster": kc, "k": kc.k, "emb_dir": str(emb_dir),
-            "centroids": str(out / "centroids.npy")}
-    tasks = [dict(base, shard=s, path=str(files[s]), emb=str(shard_files(emb_dir, s)[0]),
-                  out=str(out / "fine" / f"{s}.parquet")) for s in names]
-    with make_executor(cfg.executor) as ex:
-        parts = ex.map(assign_shard, tasks, desc="assign")
-        counts = np.sum([p["counts"] for p in parts], axis=0)
-        fine_to, prune = plan_clusters(kc, cents, counts)
-        c = int(fine_to.max()) + 1
-        sample_p = min(1.0, max(20, 20_000 // c) * c / n)
-        ftasks = [dict(corpus=cfg.corpus, path=t["path"], fine=t["out"], out=str(out / "assign" / f"{t['shard']}.parquet"),
-                       fine_to=fine_to.tolist(), min_quality=kc.min_quality, n_clusters=c, seed=kc.seed + i,
-                       sample_p=sample_p, exemplars=kc.exemplars) for i, t in enumerate(tasks)]
-        fin = ex.map(finalise_shard, ftasks, desc="summarise")
-    docs = np.sum([f["docs"] for f in fin], axis=0)
-    bytes_ = np.sum([f["bytes"] for f in fin], axis=0)
-    words = np.sum([f["words"] for f in fin], axis=0)
+    sample = _sample(embs, settings.sample_size, settings.seed)
+    cents, kstats = train_kmeans(sample, settings.k, settings.niter, settings.seed)
+    np.save(out.centroids, cents)
+    tasks = [AssignTask(shard=s, path=str(files[s]), run_dir=str(paths.root), corpus=cfg.corpus, cluster=settings,
+                        centroids=str(out.centroids), out=str(out.fine(s))) for s in names]
+    parts = ex.map(assign_shard, tasks, desc="assign")
+    counts = np.sum([p["counts"] for p in parts], axis=0)
+    fine_to, prune = plan_clusters(settings, cents, counts)
+    c = int(fine_to.max()) + 1
+    sample_p = min(1.0, max(20, 20_000 // c) * c / n)
+    summarise = [SummariseTask(path=t.path, corpus=cfg.corpus, fine=t.out, out=str(out.assignments(t.shard)),
+                               fine_to=tuple(fine_to.tolist()), min_quality=settings.min_quality, n_clusters=c,
+                               seed=settings.seed + i, sample_p=sample_p, exemplars=settings.exemplars)
+                 for i, t in enumerate(tasks)]
+    shard_parts = ex.map(finalise_shard, summarise, desc="summarise")
+    docs = np.sum([f["docs"] for f in shard_parts], axis=0)
+    bytes_ = np.sum([f["bytes"] for f in shard_parts], axis=0)
+    words = np.sum([f["words"] for f in shard_parts], axis=0)
     samples: dict[int, list[str]] = {}
     exemplars: dict[int, list] = {}
-    for f in fin:
+    for f in shard_parts:
         for cl, ts in f["samples"].items():
             samples.setdefault(int(cl), []).extend(ts)
-        for cl, ex_ in f["exemplars"].items():
-            exemplars.setdefault(int(cl), []).extend(ex_)
-    terms = top_terms(samples, c, kc.top_terms)
-    merged = np.stack([np.average(cents[fine_to == i], axis=0, weights=counts[fine_to == i] + 1e-9) for i in range(c)])
+        for cl, nearest in f["exemplars"].items():
+            exemplars.setdefault(int(cl), []).extend(nearest)
+    terms = top_terms(samples, c, settings.top_terms)
+    merged = np.stack([np.average(cents[fine_to == i], axis=0, weights=counts[fine_to == i] + 1e-9)
+                       for i in range(c)])
     merged /= np.linalg.norm(merged, axis=1, keepdims=True) + 1e-12
-    np.save(out / "cluster_centroids.npy", merged.astype(np.float32))
+    np.save(out.cluster_centroids, merged.astype(np.float32))
     clusters = [{"cluster": i, "fine": np.flatnonzero(fine_to == i).tolist(), "docs": int(docs[i]),
                  "bytes": int(bytes_[i]), "words": int(words[i]), "top_terms": terms[i],
                  "exemplars": [{"id": e[1], "distance": round(e[0], 4), "text": e[2]}
-                               for e in sorted(exemplars.get(i, []))[: kc.exemplars]]} for i in range(c)]
-    write_json(out / "clusters.json", {"n_clusters": c, "k": kc.k, "clusters": clusters,
-                                       "fine_to_cluster": fine_to.tolist()})
-    pruned = int(sum(f["pruned"] for f in fin))
-    stats = {"docs": n, "k": kc.k, "clusters": c, "assigned": int(docs.sum()), "pruned": pruned,
-             "pruned_quality": int(sum(f["pruned_quality"] for f in fin)), **prune, "kmeans": kstats,
+                               for e in sorted(exemplars.get(i, []))[: settings.exemplars]]} for i in range(c)]
+    write_json(out.summary, {"n_clusters": c, "k": settings.k, "clusters": clusters,
+                             "fine_to_cluster": fine_to.tolist()})
+    pruned = int(sum(f["pruned"] for f in shard_parts))
+    stats = {"docs": n, "k": settings.k, "clusters": c, "assigned": int(docs.sum()), "pruned": pruned,
+             "pruned_quality": int(sum(f["pruned_quality"] for f in shard_parts)), **prune, "kmeans": kstats,
              "shards": names}
     log.info("cluster: %d docs -> %d fine -> %d clusters (%d pruned); k-means %.1fs on %s",
-             n, kc.k, c, pruned, kstats["seconds"], kstats["backend"])
-    return finish(paths, "cluster", key, stats, t0, digest_files=("clusters.json",))
+             n, settings.k, c, pruned, kstats["seconds"], kstats["backend"])
+    return stats
 
 
 def load_assignments(paths: RunPaths, shard: str) -> pa.Table:
-    path = paths.root / "cluster" / "assign" / f"{shard}.parquet"
+    return read_assignments(paths.cluster.assignments(shard))
+
+
+def read_assignments(path: Path) -> pa.Table:
     try:
         return pq.read_table(path)
     except (OSError, pa.ArrowInvalid) as e:

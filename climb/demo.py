@@ -98,8 +98,9 @@ def build(out_dir: str | Path) -> dict:
 
 
 def ensure_corpus(cfg, paths) -> None:
-    """Build the demo corpus into `<run>/data` when the config asks for it."""
+    """Build the demo corpus into `<run>/data` when the config asks for it (corpus.build =
+    "demo"); the pipeline does this before its first stage. A built corpus is kept."""
     if cfg.corpus.build == "demo":
-        build(paths.root / "data")
+        build(paths.data)
     elif cfg.corpus.build:
         raise ValueError(f"corpus.build={cfg.corpus.build!r} is unknown; use \"demo\" or \"\"")

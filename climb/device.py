@@ -6,7 +6,6 @@ many local processes train proxies.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 

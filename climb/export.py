@@ -37,20 +37,18 @@ touched.
 from __future__ import annotations
 
 import logging
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from .cluster import load_assignments
-from .config import RunConfig, without
-from .embed import shard_name
-from .executor import make_executor
-from .io import (InputError, file_stamp, is_url, local_path, read_documents, read_json, strict_json, write_json,
+from .config import CorpusConfig, RunConfig, without
+from .io import (InputError, file_stamp, is_url, local_path, read_aligned, read_json, strict_json, write_json,
                  write_parquet, write_text)
 from .mixture import check_weights
-from .stage import RunPaths, begin, finish, is_done, skipped, stage_key, upstream_hash
+from .stage import RunPaths, execute, stage_key, upstream_hash
 
 log = logging.getLogger(__name__)
 
@@ -136,59 +134,70 @@ def select(doc_cluster: np.ndarray, doc_tokens: np.ndarray, weights: np.ndarray,
     return copies, {"clusters": per, "cut": cut}
 
 
-def _shard_docs(paths: RunPaths, shard: str) -> tuple[np.ndarray, np.ndarray]:
+def _shard_docs(paths: RunPaths, store, shard: str) -> tuple[np.ndarray, np.ndarray]:
     """Cluster and token count of each kept document of a shard, in corpus order."""
     clusters = load_assignments(paths, shard)["cluster"].to_numpy()
     kept = clusters >= 0
     tokens = np.zeros(len(clusters), dtype=np.int64)
-    path = paths.root / "search" / "tokens" / "parts" / shard / "doc_tokens.npy"
     try:
-        tokens[kept] = np.load(path)
+        tokens[kept] = store.doc_tokens(shard)
     except (OSError, ValueError) as e:
-        raise InputError(f"{path}: cannot read the document token counts ({e}); run `climb search` (same "
-                         "--config and --run) to re-create them") from None
+        raise InputError(f"{store.path}: cannot read the document token counts of shard {shard} ({e}); run "
+                         "`climb tokenize` (same --config and --run) to re-create them") from None
     return clusters, tokens
 
 
-def write_shard(task: dict) -> dict:
+@dataclass(frozen=True)
+class ExportTask:
+    """One corpus shard's chosen documents to write (the plan files give copies, cluster and cut per row)."""
+    shard: str
+    path: str
+    corpus: CorpusConfig
+    copies: str
+    clusters: str
+    cut: str
+    tokenizer: str
+    dest: str
+    rows_per_shard: int
+    seed: int
+
+
+def write_shard(task: ExportTask) -> dict:
     """Write the chosen documents of one corpus shard, grouped by cluster."""
-    copies = np.load(task["copies"])
-    clusters = np.load(task["clusters"])
-    cut = np.load(task["cut"])
+    copies = np.load(task.copies)
+    clusters = np.load(task.clusters)
+    cut = np.load(task.cut)
     tok = None
-    cc = task["corpus"]
     rows: dict[int, dict[str, list]] = {}
-    row = 0
-    for b in read_documents(task["path"], cc.text_column, cc.id_column, batch_rows=cc.batch_rows):
-        for doc_id, text in zip(b.ids, b.texts):
+    for start, b in read_aligned(task.path, task.corpus, len(copies)):
+        for row, (doc_id, text) in enumerate(zip(b.ids, b.texts), start):
             for e in range(int(copies[row])):
                 r = rows.setdefault(int(clusters[row]), {"id": [], "text": [], "epoch": []})
                 r["id"].append(doc_id)
                 if cut[row] and e == copies[row] - 1:
                     if tok is None:
                         from proxies.tokenizer import load_tokenizer
-                        tok = load_tokenizer(task["tokenizer"])
+                        tok = load_tokenizer(task.tokenizer)
                     r["text"].append(truncate(text, int(cut[row]), tok))
                 else:
                     r["text"].append(text)
                 r["epoch"].append(e)
-            row += 1
     files = {}
-    rng = np.random.default_rng(task["seed"])
+    rng = np.random.default_rng(task.seed)
     schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("cluster", pa.int32()), ("epoch", pa.int32())])
     for c, r in sorted(rows.items()):
         order = rng.permutation(len(r["id"]))
         n = len(order)
-        for part, s in enumerate(range(0, n, task["rows_per_shard"])):
-            idx = order[s:s + task["rows_per_shard"]]
+        for part, s in enumerate(range(0, n, task.rows_per_shard)):
+            idx = order[s:s + task.rows_per_shard]
             table = pa.table({"id": [r["id"][i] for i in idx], "text": [r["text"][i] for i in idx],
                               "cluster": np.full(len(idx), c, np.int32), "epoch": [r["epoch"][i] for i in idx]},
                              schema=schema)
-            rel = f"data/cluster_{c:05d}/part-{task['shard']}-{part:03d}.parquet"
-            dest = task["dest"]
+            rel = f"data/cluster_{c:05d}/part-{task.shard}-{part:03d}.parquet"
+            dest = task.dest
             write_parquet(join(dest, rel), table, staging=dest if is_url(dest) else None)
             files.setdefault(c, []).append(rel)
-    return {"shard": task["shard"], "files": files, "rows": int(copies.sum())}
+    return {"shard": task.shard, "files": files, "rows": int(copies.sum())}
 
 
 def truncate(text: str, keep: int, tok) -> str:
@@ -224,10 +233,11 @@ def check_destination(cfg: RunConfig, paths: RunPaths) -> None:
         check(dest)
 
 
-def stage_hash(cfg: RunConfig, paths: RunPaths) -> str:
+def key(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> str:
     # Without a destination the key is what it was before the field existed.
     export_cfg = cfg.export if cfg.export.destination else without(cfg.export, "destination")
-    return stage_key(upstream_hash(paths, "search"), export_cfg, cfg.search.epoch_cap)
+    return stage_key(stage_key(upstream_hash(paths, "tokenize"), upstream_hash(paths, "search"), export_cfg,
+                               cfg.search.epoch_cap), weights)
 
 
 def _listing(dest: str) -> dict[str, list]:
@@ -251,7 +261,7 @@ def _remove(target: str) -> None:
 
 def damaged_destination(paths: RunPaths) -> list[str]:
     """Objects an export wrote to its destination that are missing or changed since."""
-    rec = paths.root / "export" / "destination.json"
+    rec = paths.export.destination
     if not rec.exists():
         return []
     written = read_json(rec)
@@ -261,7 +271,7 @@ def damaged_destination(paths: RunPaths) -> list[str]:
 
 def _previous_outputs(paths: RunPaths, dest: str | None) -> list[str]:
     """What an earlier export wrote to this destination (read before `begin` clears the folder)."""
-    rec = paths.root / "export" / "destination.json"
+    rec = paths.export.destination
     try:
         written = read_json(rec) if dest and rec.exists() else {}
     except ValueError:
@@ -283,30 +293,38 @@ def _publish(paths: RunPaths, dest: str, previous: list[str], blends: dict[str, 
     if missing:
         raise InputError(f"{join(dest, missing[0])} is not there right after it was written; is something else "
                          "writing to export.destination?")
-    write_json(paths.root / "export" / "destination.json",
+    write_json(paths.export.destination,
                {"destination": dest, "files": {rel: now[rel] for rel in sorted(ours)}})
 
 
 def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> dict:
-    mix_file = paths.root / "search" / "mixture.json"
-    key = stage_key(stage_hash(cfg, paths), weights)
+    """Export the search's mixture (or `weights`, one per cluster)."""
+    k = key(cfg, paths, weights)
     dest = destination(cfg, paths)
     check_destination(cfg, paths)
-    if is_done(paths, "export", key):
+    manifest = paths.manifest("export")
+    if manifest.exists() and read_json(manifest).get("hash") == k:
         bad = damaged_destination(paths)
-        if not bad:
-            return skipped(paths, "export")
-        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-        log.warning("export: %s is missing or changed since it was written%s; exporting again", bad[0], more)
-        paths.manifest("export").unlink()
-    t0 = time.time()
-    previous = _previous_outputs(paths, dest)
-    edir = begin(paths, "export", key)
-    names = read_json(paths.manifest("cluster"))["stats"]["shards"]
-    n_clusters = read_json(paths.root / "cluster" / "clusters.json")["n_clusters"]
+        if bad:
+            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+            log.warning("export: %s is missing or changed since it was written%s; exporting again", bad[0], more)
+            manifest.unlink()
+    previous = _previous_outputs(paths, dest)  # read before the stage's folder is cleared
+    return execute(paths, "export", k, lambda folder, ex: _export(cfg, paths, weights, dest, previous, ex),
+                   executor=cfg.executor)
+
+
+def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: str | None, previous: list[str],
+            ex) -> dict:
+    from proxies.tokens import TokenStore
+    out = paths.export
+    names = paths.shards()
+    n_clusters = paths.n_clusters()
+    mix_file = paths.search.mixture
     w = check_weights(weights if weights is not None else read_json(mix_file)["weights"], n_clusters,
                       "weights given" if weights is not None else str(mix_file))
-    per_shard = [_shard_docs(paths, s) for s in names]
+    store = TokenStore(paths.tokenize.store)
+    per_shard = [_shard_docs(paths, store, s) for s in names]
     doc_cluster = np.concatenate([p[0] for p in per_shard])
     doc_tokens = np.concatenate([p[1] for p in per_shard])
     cluster_tokens = np.bincount(doc_cluster[doc_cluster >= 0], weights=doc_tokens[doc_cluster >= 0],
@@ -317,22 +335,20 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
     cut = np.zeros(len(copies), dtype=np.int64)
     for d, keep in sel.pop("cut").items():
         cut[d] = keep
-    files = {shard_name(f): f for f in paths.corpus_files(cfg)}
+    files = paths.shard_files(cfg)
     tasks, start = [], 0
     for i, (s, (cl, _)) in enumerate(zip(names, per_shard)):
-        cfile = edir / "plan" / f"{s}.npy"
-        cfile.parent.mkdir(parents=True, exist_ok=True)
-        np.save(cfile, copies[start:start + len(cl)])
-        np.save(edir / "plan" / f"{s}.clusters.npy", cl)
-        np.save(edir / "plan" / f"{s}.cut.npy", cut[start:start + len(cl)])
-        tasks.append({"shard": s, "path": str(files[s]), "copies": str(cfile),
-                      "clusters": str(edir / "plan" / f"{s}.clusters.npy"), "cut": str(edir / "plan" / f"{s}.cut.npy"),
-                      "tokenizer": str(paths.root / "search" / "tokenizer.json"),
-                      "corpus": cfg.corpus, "dest": dest or str(edir),
-                      "rows_per_shard": cfg.export.rows_per_shard, "seed": cfg.export.seed + i})
+        copies_file, clusters_file, cut_file = out.plan(s)
+        copies_file.parent.mkdir(parents=True, exist_ok=True)
+        np.save(copies_file, copies[start:start + len(cl)])
+        np.save(clusters_file, cl)
+        np.save(cut_file, cut[start:start + len(cl)])
+        tasks.append(ExportTask(shard=s, path=str(files[s]), corpus=cfg.corpus, copies=str(copies_file),
+                                clusters=str(clusters_file), cut=str(cut_file), tokenizer=str(paths.tokenize.tokenizer),
+                                dest=dest or str(out.dir), rows_per_shard=cfg.export.rows_per_shard,
+                                seed=cfg.export.seed + i))
         start += len(cl)
-    with make_executor(cfg.executor) as ex:
-        parts = ex.map(write_shard, tasks, desc="export")
+    parts = ex.map(write_shard, tasks, desc="export")
     by_cluster: dict[int, list[str]] = {}
     for p in parts:
         for c, fs in p["files"].items():
@@ -353,9 +369,9 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
         "probabilities": [float(real_w[c]) for c in sorted(by_cluster)],
         "usage": "datasets.interleave_datasets([load_dataset('parquet', data_files=f, split='train') "
                  "for f in data_files], probabilities=probabilities, seed=0)"}
-    write_json(edir / "mixture.json", mixture)
-    (edir / "megatron_blend.txt").write_text(blend + "\n")
-    write_json(edir / "interleave.json", interleave)
+    write_json(out.mixture, mixture)
+    out.megatron_blend.write_text(blend + "\n")
+    write_json(out.interleave, interleave)
     if dest:
         _publish(paths, dest, previous, {"mixture.json": strict_json(mixture, indent=2) + "\n",
                                          "megatron_blend.txt": blend + "\n",
@@ -380,6 +396,6 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
                     ", ".join(f"cluster {c} {a:.3f} asked, {r:.3f} reached" for c, (a, r) in off.items()))
     log.info("export: %d rows (%d distinct docs), %d tokens, %d files%s", stats["rows"], stats["docs"], total,
              stats["files"], f" in {dest}" if dest else "")
-    return finish(paths, "export", key, stats, t0)
+    return stats
 
 

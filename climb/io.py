@@ -241,6 +241,27 @@ def read_documents(path: Path | str, text_column: str = "text", id_column: str =
                          f"{kind} file? Remove or re-create it") from e
 
 
+def read_aligned(path: Path | str, corpus, rows: int, ids: Sequence[str] | None = None,
+                 extra_columns: Sequence[str] = ()) -> Iterator[tuple[int, DocBatch]]:
+    """One shard's documents in batches, each with the row of its first document in the
+    per-row arrays an earlier stage wrote for the shard (embeddings, assignments, token
+    counts): `rows` of them, and, given `ids`, the same ids in the same order. A shard that
+    no longer lines up with them (edited since it was embedded) raises an InputError.
+    `corpus` is the run's CorpusConfig (text and id columns, batch size)."""
+    start = 0
+    for b in read_documents(path, corpus.text_column, corpus.id_column, extra_columns, corpus.batch_rows):
+        end = start + len(b.texts)
+        if end > rows or (ids is not None and list(ids[start:end]) != b.ids):
+            break
+        yield start, b
+        start = end
+    else:
+        if start == rows:
+            return
+    raise InputError(f"{path} changed since it was embedded (its documents no longer match the stored "
+                     "per-document data); run `climb embed` (same --config and --run) again")
+
+
 def _doc_batches(path: Path | str, kind: str, stem: str, text_column: str, id_column: str,
                  extra_columns: list[str], columns: list[str], batch_rows: int) -> Iterator[DocBatch]:
     skipped: Counter = Counter()

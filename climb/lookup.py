@@ -65,15 +65,15 @@ def table(weights_csv, metrics_csv, key: str = "index") -> LookupTable:
     return _TABLES[(stamp, key)]
 
 
-def lookup_proxy(task: dict) -> tuple[dict, int]:
+def lookup_proxy(task) -> tuple[dict, int]:
     """`climb.proxy` entry point for `proxy.lookup`: (metrics, tokens trained = 0)."""
     from .io import InputError
-    pc = task["proxy"]
+    pc = task.proxy
     try:
         t = table(pc.lookup_weights, pc.lookup, pc.lookup_key)
     except (ValueError, OSError) as e:  # the table itself is unusable: stop, as for any bad input
         raise InputError(f"proxy.lookup: {e}") from None
-    return t.metrics(task["weights"]), 0
+    return t.metrics(task.weights), 0
 
 
 def main(argv=None) -> int:

@@ -2,8 +2,11 @@
 
     from climb import pipeline
     cfg = pipeline.load("pipelines/demo.toml", ["search.iterations=[8,4]"])
-    pipeline.run_all(cfg, "runs/demo")          # embed -> cluster -> search [-> validate] -> export -> report
+    pipeline.run_all(cfg, "runs/demo")  # embed -> cluster -> tokenize -> search [-> validate] -> export -> report
     pipeline.run_stage("cluster", cfg, "runs/demo")
+
+Before the first stage, the inputs climb builds itself are built: with
+`corpus.build = "demo"`, the demo corpus under `<run>/data` (climb.demo).
 
 Both hold the run folder's lock (climb.runlock) while they run: a second
 process on the same folder is refused with a message naming the first. The run
@@ -17,14 +20,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from . import cluster, embed, export, report, search, validate
+from . import cluster, demo, embed, export, report, search, tokenization, validate
 from .config import RunConfig, check_run_dir, load_config
 from .runlock import hold
 from .stage import OPTIONAL, STAGES, RunPaths
 
 log = logging.getLogger(__name__)
-_RUN = {"embed": embed.run, "cluster": cluster.run, "search": search.run, "validate": validate.run,
-        "export": export.run, "report": report.run}
+_RUN = {"embed": embed.run, "cluster": cluster.run, "tokenize": tokenization.run, "search": search.run,
+        "validate": validate.run, "export": export.run, "report": report.run}
 
 
 def load(config: str | Path | None, overrides=()) -> RunConfig:
@@ -50,6 +53,7 @@ def run_stage(stage: str, cfg: RunConfig, run_dir: str | Path, with_deps: bool =
         paths.save_config(cfg)
         if "export" in order:
             export.check_destination(cfg, paths)
+        build_inputs(cfg, paths)
         for s in order:
             log.info("== %s ==", s)
             stats[s] = _RUN[s](cfg, paths)
@@ -62,12 +66,20 @@ def run_all(cfg: RunConfig, run_dir: str | Path) -> dict:
     with hold(paths.root):
         paths.save_config(cfg)
         export.check_destination(cfg, paths)
+        build_inputs(cfg, paths)
         for s in STAGES:
             if not _enabled(cfg, s):
                 continue
             log.info("== %s ==", s)
             out[s] = _RUN[s](cfg, paths)
     return out
+
+
+def build_inputs(cfg: RunConfig, paths: RunPaths) -> None:
+    """What climb makes itself before the stages read it: the demo corpus, when the config asks."""
+    if cfg.corpus.build:
+        log.info("== corpus (%s) ==", cfg.corpus.build)
+    demo.ensure_corpus(cfg, paths)
 
 
 def _enabled(cfg: RunConfig, stage: str) -> bool:

@@ -34,6 +34,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,20 @@ from .mixture import check_weights
 
 log = logging.getLogger(__name__)
 _CACHE: dict = {}
+
+
+@dataclass(frozen=True)
+class ProxyTask:
+    """What one proxy run needs; plain data, so it runs in-process or on a Dask worker."""
+    mixture_id: str
+    iteration: int
+    weights: tuple[float, ...]
+    seed: int
+    tokens_dir: str  # the tokenize stage's folder: token store and tokenizer
+    run_dir: str  # `{run}` in target paths
+    proxy: ProxyConfig
+    target: TargetConfig
+    heldout: TargetConfig | None = None  # evaluations scored beside the target, as heldout/<metric>
 
 
 def load_target(tc: TargetConfig, run_dir: Path) -> dict:
@@ -105,21 +120,21 @@ def evaluate(model, tokenizer, tc: TargetConfig, run_dir: Path, device: str, bf1
     return metrics
 
 
-def evaluate_task_metrics(model, tokenizer, task: dict, device: str) -> dict:
-    """The target's metrics, and the held-out ones (`task["heldout"]`, a TargetConfig) as heldout/<name>.
+def evaluate_task_metrics(model, tokenizer, task: ProxyTask, device: str) -> dict:
+    """The target's metrics, and the held-out ones (`task.heldout`, a TargetConfig) as heldout/<name>.
 
     On CUDA a model is scored in the precision it trained in (bf16 autocast only where
     its training used it); on a CPU in fp32 whatever the training precision.
     """
     bf16 = False
-    if device.startswith("cuda") and task.get("proxy") is not None:
+    if device.startswith("cuda"):
         import torch
         from proxies.train import uses_bf16
-        pc: ProxyConfig = task["proxy"]
+        pc: ProxyConfig = task.proxy
         bf16 = uses_bf16(torch.device(device), pc.precision, pc.n_embd)
-    metrics = evaluate(model, tokenizer, task["target"], Path(task["run_dir"]), device, bf16)
-    if task.get("heldout") is not None:
-        held = evaluate(model, tokenizer, task["heldout"], Path(task["run_dir"]), device, bf16)
+    metrics = evaluate(model, tokenizer, task.target, Path(task.run_dir), device, bf16)
+    if task.heldout is not None:
+        held = evaluate(model, tokenizer, task.heldout, Path(task.run_dir), device, bf16)
         metrics.update({f"heldout/{k}": v for k, v in held.items()})
     return metrics
 
@@ -131,15 +146,17 @@ def _stamp(path: Path | str) -> tuple:
     return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
-def _resources(search_dir: Path):
+def _resources(tokens_dir: Path):
+    """The token store and tokenizer of a tokenize stage's folder, cached per process."""
     from proxies.tokenizer import load_tokenizer
     from proxies.tokens import TokenStore
+    from .stage import TokenizeOutputs
+    out = TokenizeOutputs(tokens_dir)
     # Keyed by the files' identity too: a long-lived worker must not serve a store
     # that a changed config has since rebuilt in the same folder.
-    key = ("store", str(search_dir), _stamp(search_dir / "tokens" / "index.json"),
-           _stamp(search_dir / "tokenizer.json"))
+    key = ("store", str(tokens_dir), _stamp(out.store / "index.json"), _stamp(out.tokenizer))
     if key not in _CACHE:
-        _CACHE[key] = (TokenStore(search_dir / "tokens"), load_tokenizer(search_dir / "tokenizer.json"))
+        _CACHE[key] = (TokenStore(out.store), load_tokenizer(out.tokenizer))
     return _CACHE[key]
 
 
@@ -147,10 +164,10 @@ def _deadline(pc: ProxyConfig, n: int = 1) -> float | None:
     return time.monotonic() + n * pc.timeout_s if pc.timeout_s > 0 else None
 
 
-def train_and_score(task: dict) -> dict:
-    """Run one proxy. task: weights, seed, mixture_id, iteration, search_dir, run_dir, proxy, target."""
+def train_and_score(task: ProxyTask) -> dict:
+    """Run one proxy: train it (or run proxy.command, or look it up) and score it; one record."""
     t0 = time.time()
-    pc: ProxyConfig = task["proxy"]
+    pc: ProxyConfig = task.proxy
     rec = _record(task, lambda: _lookup(task) if pc.lookup else _external(task) if pc.command
                   else _builtin(task, _deadline(pc)))
     rec["seconds"] = round(time.time() - t0, 3)
@@ -161,26 +178,26 @@ def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _record(task: dict, run) -> dict:
+def _record(task: ProxyTask, run) -> dict:
     """The result record of one proxy; run() -> (metrics, tokens). A failed proxy is
     recorded, not fatal (the search goes on without it); bad input still raises."""
-    rec = {"mixture_id": task["mixture_id"], "iteration": task["iteration"], "seed": task["seed"],
-           "weights": [float(w) for w in task["weights"]]}
+    rec = {"mixture_id": task.mixture_id, "iteration": task.iteration, "seed": task.seed,
+           "weights": [float(w) for w in task.weights]}
     metrics: dict = {}
     try:
         metrics, tokens = run()
         bad = sorted(k for k, v in metrics.items() if not _finite(v))
         if bad:
             raise ValueError(f"metric(s) {bad} are NaN, infinite or null (training diverged?)")
-        rec.update(metrics=metrics, objective=objective(metrics, task["target"]), tokens=tokens, status="ok")
+        rec.update(metrics=metrics, objective=objective(metrics, task.target), tokens=tokens, status="ok")
         if not np.isfinite(rec["objective"]):
             raise ValueError("non-finite objective (training diverged?)")
     except InputError:
         raise
     except Exception as e:
         from .results import one_line
-        log.warning("proxy %s failed: %s: %s", task["mixture_id"], type(e).__name__, one_line(e))
-        log.debug("proxy %s failed", task["mixture_id"], exc_info=True)
+        log.warning("proxy %s failed: %s: %s", task.mixture_id, type(e).__name__, one_line(e))
+        log.debug("proxy %s failed", task.mixture_id, exc_info=True)
         # What metrics there were are kept (non-finite ones are written as null).
         rec.update(metrics=metrics, objective=None, tokens=0, status="failed", error=f"{type(e).__name__}: {e}")
     return rec
@@ -198,7 +215,7 @@ def swarm_size(pc: ProxyConfig) -> int:
     return pc.swarm_size or (64 if device.startswith("cuda") else 8)
 
 
-def train_and_score_group(tasks: list[dict]) -> list[dict]:
+def train_and_score_group(tasks: list[ProxyTask]) -> list[dict]:
     """Run several proxies (same proxy config) as one stacked model; one record per task.
 
     If the stacked run itself fails (out of memory, say), the proxies are run one by
@@ -254,25 +271,25 @@ def _sampler(store, weights, pc: ProxyConfig, seed: int, device: str, where: str
                           exact=pc.exact_batches, common=pc.common_streams)
 
 
-def _builtin_stacked(tasks: list[dict]) -> list:
+def _builtin_stacked(tasks: list[ProxyTask]) -> list:
     """Train the group's proxies together; returns one thunk per task that evaluates its proxy."""
     from proxies.stacked import train_stacked
-    pc: ProxyConfig = tasks[0]["proxy"]
-    if any(t["proxy"] != pc or t["search_dir"] != tasks[0]["search_dir"] for t in tasks):
+    pc: ProxyConfig = tasks[0].proxy
+    if any(t.proxy != pc or t.tokens_dir != tasks[0].tokens_dir for t in tasks):
         raise ValueError("a stacked group needs one proxy config and one token store")
     device = resolve_device(pc.device)
-    store, tok = _resources(Path(tasks[0]["search_dir"]))
+    store, tok = _resources(Path(tasks[0].tokens_dir))
     samplers = []
     for t in tasks:
-        samplers.append(_sampler(store, t["weights"], pc, t["seed"], device, f"proxy {t['mixture_id']}"))
+        samplers.append(_sampler(store, t.weights, pc, t.seed, device, f"proxy {t.mixture_id}"))
     mcfg, tcfg = _configs(pc, tok)
     # A stacked model of n proxies may take as long as n proxies one after another.
-    trained = train_stacked(mcfg, tcfg, samplers, seeds=[t["seed"] for t in tasks], device=device,
+    trained = train_stacked(mcfg, tcfg, samplers, seeds=[t.seed for t in tasks], device=device,
                             deadline=_deadline(pc, len(tasks)))
     log.info("%d proxies trained as one stacked model: %.0f tok/s in all", len(tasks),
              len(tasks) * trained[0][1]["tokens_per_s"])
 
-    def thunk(task: dict, model, stats: dict):
+    def thunk(task: ProxyTask, model, stats: dict):
         def run() -> tuple[dict, int]:
             metrics = evaluate_task_metrics(model, tok, task, device)
             metrics["train_loss"] = float(stats["final_loss"])
@@ -281,18 +298,18 @@ def _builtin_stacked(tasks: list[dict]) -> list:
     return [thunk(t, m, st) for t, (m, st) in zip(tasks, trained)]
 
 
-def _builtin(task: dict, deadline: float | None = None) -> tuple[dict, int]:
+def _builtin(task: ProxyTask, deadline: float | None = None) -> tuple[dict, int]:
     import torch
     from proxies.train import train
-    pc: ProxyConfig = task["proxy"]
+    pc: ProxyConfig = task.proxy
     device = resolve_device(pc.device)
-    store, tok = _resources(Path(task["search_dir"]))
-    sampler = _sampler(store, task["weights"], pc, task["seed"], device, f"proxy {task['mixture_id']}")
+    store, tok = _resources(Path(task.tokens_dir))
+    sampler = _sampler(store, task.weights, pc, task.seed, device, f"proxy {task.mixture_id}")
     mcfg, tcfg = _configs(pc, tok)
-    model, stats = train(mcfg, tcfg, sampler, seed=task["seed"], device=device, deadline=deadline)
+    model, stats = train(mcfg, tcfg, sampler, seed=task.seed, device=device, deadline=deadline)
     metrics = evaluate_task_metrics(model, tok, task, device)
     metrics["train_loss"] = float(stats["final_loss"])
-    log.info("proxy %s: objective inputs %s, %.0f tok/s", task["mixture_id"],
+    log.info("proxy %s: objective inputs %s, %.0f tok/s", task.mixture_id,
              {k: round(v, 4) for k, v in metrics.items()}, stats["tokens_per_s"])
     del model
     if device == "cuda":
@@ -351,18 +368,18 @@ def _metric(v):
     return float(v)
 
 
-def _lookup(task: dict) -> tuple[dict, int]:
+def _lookup(task: ProxyTask) -> tuple[dict, int]:
     from .lookup import lookup_proxy  # a table of measured results stands in for training
     return lookup_proxy(task)
 
 
-def _external(task: dict) -> tuple[dict, int]:
-    pc: ProxyConfig = task["proxy"]
+def _external(task: ProxyTask) -> tuple[dict, int]:
+    pc: ProxyConfig = task.proxy
     with tempfile.TemporaryDirectory(prefix="climb-proxy-") as tmp:
         wfile, out = Path(tmp) / "weights.json", Path(tmp) / "metrics.json"
-        wfile.write_text(json.dumps({"weights": task["weights"], "seed": task["seed"],
-                                     "mixture_id": task["mixture_id"],
-                                     "clusters": list(range(len(task["weights"])))}))
+        wfile.write_text(json.dumps({"weights": task.weights, "seed": task.seed,
+                                     "mixture_id": task.mixture_id,
+                                     "clusters": list(range(len(task.weights)))}))
         cmd = pc.command.format(weights=shlex.quote(str(wfile)), out=shlex.quote(str(out)))
         proc = run_command(cmd, pc.timeout_s)
         if proc.returncode != 0:

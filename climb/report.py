@@ -13,7 +13,6 @@ transfer?" section gives the larger model's verdicts and the rank transfer plot.
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from .config import RunConfig
 from .io import read_json, write_json
 from .predictor import goal_sign
 from .search import read_results
-from .stage import RunPaths, finish, is_done, skipped, stage_key, upstream_hash
+from .stage import RunPaths, execute, stage_key, upstream_hash
 
 log = logging.getLogger(__name__)
 
@@ -238,32 +237,33 @@ def _validation(cfg: RunConfig, paths: RunPaths) -> tuple[dict | None, str]:
     if not paths.manifest("validate").exists():
         return None, ""
     vkey = upstream_hash(paths, "validate")
-    if read_json(paths.manifest("validate")).get("hash") != validate.stage_hash(cfg, paths):
+    if read_json(paths.manifest("validate")).get("hash") != validate.key(cfg, paths):
         log.info("report: validate/ is from another search or config; run `climb validate` to bring it up to date")
         return None, ""
-    return read_json(paths.root / "validate" / "summary.json"), vkey
+    return read_json(paths.validate.summary), vkey
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
-    t0 = time.time()
     validation, vkey = _validation(cfg, paths)
     key = stage_key(upstream_hash(paths, "search"), cfg.name, *([vkey] if vkey else []))
-    if is_done(paths, "report", key):
-        out = paths.root / "report"
-        print("\n" + summary_table(read_json(out / "summary.json")) + f"\n\nreport: {out / 'report.md'}\n")
-        return skipped(paths, "report")
-    out = paths.stage("report")
-    csum = read_json(paths.root / "cluster" / "clusters.json")
+    stats = execute(paths, "report", key, lambda out, ex: _report(cfg, paths, validation, out))
+    if stats.get("skipped_stage"):
+        print("\n" + summary_table(read_json(paths.report.summary)) + f"\n\nreport: {paths.report.page}\n")
+    return stats
+
+
+def _report(cfg: RunConfig, paths: RunPaths, validation: dict | None, out: Path) -> dict:
+    csum = read_json(paths.cluster.summary)
     clusters = csum["clusters"]
-    mix = read_json(paths.root / "search" / "mixture.json")
+    mix = read_json(paths.search.mixture)
     results = read_results(paths)
     plans = {}
-    for f in sorted((paths.root / "search").glob("plan_*.json")):
+    for f in paths.search.plans:
         for m in read_json(f)["mixtures"]:
             plans[m["mixture_id"]] = m["predicted"]
-    sstats = read_json(paths.manifest("search"))["stats"]
+    sstats = paths.stats("search")
     comp = sstats["comparison"]
-    qfile = paths.root / "search" / "quality.json"
+    qfile = paths.search.quality
     quality = read_json(qfile) if qfile.exists() else {}
     name = "+".join(cfg.target.objective)
     summary = {"target": {"name": name, "goal": cfg.target.goal},
@@ -275,7 +275,7 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
                + sstats.get("comparison_proxies", len(comp) * cfg.search.eval_seeds)
                + sstats.get("one_shot_proxies", 0),
                "clusters": len(clusters)}
-    figs = plot_clusters(clusters, np.load(paths.root / "cluster" / "cluster_centroids.npy"), out)
+    figs = plot_clusters(clusters, np.load(paths.cluster.cluster_centroids), out)
     figs += plot_search(results, plans, cfg.target.goal, name, out)
     figs.append(plot_weights(np.array(mix["weights"]), np.array(mix["natural"]), clusters, out))
     transfer = ""
@@ -285,7 +285,7 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
         figs += [fig] if fig else []
         transfer = "## Does it transfer?\n\n" + transfer_section(validation) + "\n\n" + \
             ("![transfer](transfer.png)\n\n" if fig else "")
-    write_json(out / "summary.json", summary)
+    write_json(paths.report.summary, summary)
     w, nat = np.array(mix["weights"]), np.array(mix["natural"])
     rows = "\n".join(f"| {c['cluster']} | {c['docs']} | {nat[i]:.3f} | {w[i]:.3f} | {', '.join(c['top_terms'][:6])} |"
                      for i, c in enumerate(clusters))
@@ -327,8 +327,8 @@ Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy see
 ![sizes](cluster_sizes.png)
 ![map](cluster_map.png)
 """
-    (out / "report.md").write_text(page)
+    paths.report.page.write_text(page)
     print("\n" + summary_table(summary) + "\n\n" + quality_lines(quality)
           + (f"\n\nDoes it transfer?\n{transfer_section(validation)}" if validation is not None else "")
-          + f"\n\nreport: {out / 'report.md'}\n")
-    return finish(paths, "report", key, {"figures": figs, "summary": summary}, t0)
+          + f"\n\nreport: {paths.report.page}\n")
+    return {"figures": figs, "summary": summary}

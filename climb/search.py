@@ -1,7 +1,6 @@
 """Stage 3, search: the CLIMB loop over cluster mixtures.
 
-Preparation (once): a byte-level BPE tokenizer trained on the corpus (or a
-given one) and per-cluster token stores, built per shard then merged.
+Proxies train on the tokenize stage's per-cluster token store.
 
 Iteration 1 samples mixtures from a Dirichlet around the clusters' token
 shares (temperature, several concentrations, epoch cap, minimum weight,
@@ -24,81 +23,21 @@ from __future__ import annotations
 
 import logging
 import math
-import time
-from pathlib import Path
 
 import numpy as np
 
 from . import results as results_log
-from .cluster import load_assignments
 from .config import RunConfig, without
-from .embed import shard_name
 from .device import proxy_processes
-from .executor import make_executor
-from .io import InputError, read_documents, read_json, write_json
+from .io import InputError, read_json, write_json
 from .predictor import goal_sign
 from .quality import (MIN_OOF_SPEARMAN, MIN_SNR, fmt_comparison, oof_spearman, paired_comparison, pooled_noise, snr,
                       warnings)
-from .proxy import swarm_size, train_and_score, train_and_score_group
-from .stage import RunPaths, begin, finish, is_done, skipped, stage_key, upstream_hash
+from .proxy import ProxyTask, swarm_size, train_and_score, train_and_score_group
+from .stage import RunPaths, execute, stage_key, upstream_hash
+from .tokenization import cluster_tokens
 
 log = logging.getLogger(__name__)
-
-
-# ---------------------------------------------------------------- preparation
-def _tokenize_shard(task: dict) -> dict:
-    from proxies.tokenizer import load_tokenizer
-    from proxies.tokens import write_shard_tokens
-    tok = load_tokenizer(task["tokenizer"])
-    assign = load_assignments(RunPaths(Path(task["run_dir"])), task["shard"])
-    clusters = assign["cluster"].to_numpy()
-    cc = task["corpus"]
-    texts, cl, row = [], [], 0
-    for b in read_documents(task["path"], cc.text_column, cc.id_column, batch_rows=cc.batch_rows):
-        for t in b.texts:
-            if clusters[row] >= 0:  # pruned documents never reach a proxy
-                texts.append(t)
-                cl.append(int(clusters[row]))
-            row += 1
-    if row != len(clusters):
-        raise InputError(f"{task['path']} changed since it was clustered; re-run `climb embed cluster`")
-    return write_shard_tokens(texts, np.asarray(cl, dtype=np.int64), tok, task["out"], task["shard"])
-
-
-def _tokenizer_texts(cfg: RunConfig, files: list[Path | str]) -> list[str]:
-    per_file = max(1, cfg.proxy.tokenizer_docs // max(1, len(files)))
-    texts: list[str] = []
-    for f in files:
-        got = 0
-        for b in read_documents(f, cfg.corpus.text_column, cfg.corpus.id_column, batch_rows=cfg.corpus.batch_rows):
-            texts += b.texts[: per_file - got]
-            got = min(per_file, got + len(b.texts))
-            if got >= per_file:
-                break
-    return texts
-
-
-def prepare(cfg: RunConfig, paths: RunPaths, ex) -> dict:
-    from proxies.tokenizer import load_tokenizer, train_bpe
-    from proxies.tokens import TokenStore, merge_token_stores, store_is_complete
-    sdir = paths.stage("search")
-    tok_path = sdir / "tokenizer.json"
-    if not tok_path.exists():
-        if cfg.proxy.tokenizer:
-            load_tokenizer(cfg.proxy.tokenizer).save(tok_path)
-        else:
-            files = paths.corpus_files(cfg)
-            train_bpe(_tokenizer_texts(cfg, files), cfg.proxy.vocab_size, tok_path)
-    if not store_is_complete(sdir / "tokens"):
-        names = read_json(paths.manifest("cluster"))["stats"]["shards"]
-        files = {shard_name(f): f for f in paths.corpus_files(cfg)}
-        n_clusters = read_json(paths.root / "cluster" / "clusters.json")["n_clusters"]
-        tasks = [{"tokenizer": str(tok_path), "run_dir": str(paths.root), "shard": s, "path": str(files[s]),
-                  "corpus": cfg.corpus, "out": str(sdir / "tokens")} for s in names]
-        ex.map(_tokenize_shard, tasks, desc="tokenize")
-        merge_token_stores(sdir / "tokens", names, n_clusters)
-    store = TokenStore(sdir / "tokens")
-    return {"tokens": store.tokens.astype(np.int64), "bytes": np.asarray(store.bytes, dtype=np.int64)}
 
 
 def mixture_space(cfg: RunConfig, tokens: np.ndarray) -> dict:
@@ -115,17 +54,13 @@ def mixture_space(cfg: RunConfig, tokens: np.ndarray) -> dict:
 
 
 # ----------------------------------------------------------------- the loop
-def _results_path(paths: RunPaths) -> Path:
-    return paths.root / "search" / "results.jsonl"
-
-
 def read_results(paths: RunPaths) -> list[dict]:
     """Every complete proxy record, the last one per (mixture id, seed)."""
-    return results_log.load(_results_path(paths))
+    return results_log.load(paths.search.results)
 
 
 def _append(paths: RunPaths, rec: dict) -> None:
-    results_log.append(_results_path(paths), rec)
+    results_log.append(paths.search.results, rec)
 
 
 def _candidates(cfg: RunConfig, space: dict, n: int, seed: int) -> np.ndarray:
@@ -179,7 +114,7 @@ def _ok_sorted(results: list[dict]) -> list[dict]:
 def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: list[dict]) -> dict:
     """The mixtures of iteration `it` (saved, so a resumed search trains the same ones)."""
     from .strategy import from_search_config, plan as plan_indices
-    plan_file = paths.root / "search" / f"plan_{it}.json"
+    plan_file = paths.search.plan(it)
     if plan_file.exists():
         return read_json(plan_file)
     sc = cfg.search
@@ -200,16 +135,16 @@ def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: 
 
 
 def proxy_task(cfg: RunConfig, paths: RunPaths, mixture_id: str, it: int, weights, seed: int,
-               heldout=None) -> dict:
+               heldout=None) -> ProxyTask:
     """What one proxy run needs (plain data, so it runs in-process or on a Dask worker): the
     mixture, the seed, the run's token store, the proxy and target configs, and optionally
     held-out evaluations (a TargetConfig) scored beside the target."""
-    return {"mixture_id": mixture_id, "iteration": it, "weights": list(map(float, weights)), "seed": seed,
-            "search_dir": str(paths.root / "search"), "run_dir": str(paths.root),
-            "proxy": cfg.proxy, "target": cfg.target, "heldout": heldout}
+    return ProxyTask(mixture_id=mixture_id, iteration=it, weights=tuple(map(float, weights)), seed=seed,
+                     tokens_dir=str(paths.tokenize.dir), run_dir=str(paths.root), proxy=cfg.proxy, target=cfg.target,
+                     heldout=heldout)
 
 
-def run_proxies(cfg: RunConfig, ex, tasks: list[dict], desc: str, on_record) -> list[dict]:
+def run_proxies(cfg: RunConfig, ex, tasks: list[ProxyTask], desc: str, on_record) -> list[dict]:
     """Train and score proxies; on_record(i, record) is called for tasks[i] as its record arrives.
 
     Where `proxy.swarm` says stacking helps, tasks are grouped into stacked models of
@@ -256,68 +191,68 @@ def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | 
             "best_seen": {"mixture_id": best_seen["mixture_id"], "objective": best_seen["objective"]}}
 
 
-def stage_hash(cfg: RunConfig, paths: RunPaths) -> str:
+def key(cfg: RunConfig, paths: RunPaths) -> str:
     # A time limit or the retry rule changes how proxies run, not what they measure.
-    return stage_key(upstream_hash(paths, "cluster"), without(cfg.proxy, "timeout_s"), cfg.target,
+    return stage_key(upstream_hash(paths, "tokenize"), without(cfg.proxy, "timeout_s"), cfg.target,
                      without(cfg.search, "retry_failed"), cfg.export.token_budget)
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
-    key = stage_hash(cfg, paths)
-    # A damaged results file is repaired in place; a damaged tokenizer takes its token store with it.
-    if is_done(paths, "search", key, keep=("results.jsonl",), cascade={"tokenizer.json": "tokens"}):
-        return skipped(paths, "search")
-    t0 = time.time()
-    sdir = begin(paths, "search", key, keep_on_change=True)
+    # A damaged results file is repaired in place; an earlier search's results under another
+    # config are moved aside, not deleted.
+    return execute(paths, "search", key(cfg, paths), lambda folder, ex: _search(cfg, paths, ex),
+                   executor=cfg.executor, processes=proxy_processes(cfg.proxy, cfg.executor),
+                   keep=("results.jsonl",), keep_on_change=True, digest_files=("mixture.json",))
+
+
+def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     sc = cfg.search
     oof: list = []
-    results_log.repair(_results_path(paths))
-    with make_executor(cfg.executor, proxy_processes(cfg.proxy, cfg.executor)) as ex:
-        space = mixture_space(cfg, prepare(cfg, paths, ex)["tokens"])
-        results = read_results(paths)
-        done = {r["mixture_id"] for r in results if not results_log.retry(r, sc.retry_failed)}
-        for it in range(len(sc.iterations)):
-            plan = plan_iteration(cfg, paths, it, space, [r for r in results if r["iteration"] < it])
-            todo = [m for m in plan["mixtures"] if m["mixture_id"] not in done]
-            if todo:
-                log.info("search iteration %d/%d: %d proxies (%d already done)", it + 1, len(sc.iterations),
-                         len(todo), len(plan["mixtures"]) - len(todo))
-            tasks = [proxy_task(cfg, paths, m["mixture_id"], it, m["weights"], sc.seed) for m in todo]
-            run_proxies(cfg, ex, tasks, f"proxies it{it + 1}", lambda i, rec: _append(paths, rec))
-            results = read_results(paths)  # the file is the record: CSVs, manifest and report agree with it
-            results_log.require_successes(results, 1)
-            _write_swarm_csv(paths, results)
-            if it == 0:
-                reps = replicates(cfg, paths, ex, results)
-                q = _quality(cfg, results, reps, {}, [])
-                log.info("noise after iteration 1: seed sd %s, paired sd %s, swarm sd %s, signal-to-noise %s",
-                         *(_fmt(q[k]) for k in ("seed_sd", "paired_sd", "swarm_sd", "snr")))
-                for w in warnings(q):
-                    log.warning("%s", w)
-            oof.append(_oof(cfg, results))
-            ok = [r for r in results if r["status"] == "ok"]
-            if ok:
-                best = min(ok, key=lambda r: goal_sign(cfg.target.goal) * r["objective"])
-                log.info("after iteration %d: best %s = %.4f (%s); predictor out-of-fold Spearman %s",
-                         it + 1, ",".join(cfg.target.objective), best["objective"], best["mixture_id"],
-                         _fmt(oof[-1]))
-        results_log.require_successes(results, 2)
-        final = final_mixture(cfg, space, results)
-        write_json(sdir / "mixture.json", {**final, "natural": space["natural"].tolist(),
-                                           "uniform": space["uniform"].tolist(),
-                                           "max_weight": space["max_weight"].tolist(),
-                                           "goal": cfg.target.goal, "objective": list(cfg.target.objective)})
-        mixtures = {"climb": final["weights"], "uniform": space["uniform"], "natural": space["natural"]}
-        if "one-shot" in sc.baselines:
-            mixtures["one-shot"] = one_shot(cfg, paths, ex, space, results)
-        runs = compare(cfg, paths, ex, mixtures)
+    results_log.repair(paths.search.results)
+    space = mixture_space(cfg, cluster_tokens(paths))
+    results = read_results(paths)
+    done = {r["mixture_id"] for r in results if not results_log.retry(r, sc.retry_failed)}
+    for it in range(len(sc.iterations)):
+        plan = plan_iteration(cfg, paths, it, space, [r for r in results if r["iteration"] < it])
+        todo = [m for m in plan["mixtures"] if m["mixture_id"] not in done]
+        if todo:
+            log.info("search iteration %d/%d: %d proxies (%d already done)", it + 1, len(sc.iterations),
+                     len(todo), len(plan["mixtures"]) - len(todo))
+        tasks = [proxy_task(cfg, paths, m["mixture_id"], it, m["weights"], sc.seed) for m in todo]
+        run_proxies(cfg, ex, tasks, f"proxies it{it + 1}", lambda i, rec: _append(paths, rec))
+        results = read_results(paths)  # the file is the record: CSVs, manifest and report agree with it
+        results_log.require_successes(results, 1)
+        _write_swarm_csv(paths, results)
+        if it == 0:
+            reps = replicates(cfg, paths, ex, results)
+            q = _quality(cfg, results, reps, {}, [])
+            log.info("noise after iteration 1: seed sd %s, paired sd %s, swarm sd %s, signal-to-noise %s",
+                     *(_fmt(q[k]) for k in ("seed_sd", "paired_sd", "swarm_sd", "snr")))
+            for w in warnings(q):
+                log.warning("%s", w)
+        oof.append(_oof(cfg, results))
+        ok = [r for r in results if r["status"] == "ok"]
+        if ok:
+            best = min(ok, key=lambda r: goal_sign(cfg.target.goal) * r["objective"])
+            log.info("after iteration %d: best %s = %.4f (%s); predictor out-of-fold Spearman %s",
+                     it + 1, ",".join(cfg.target.objective), best["objective"], best["mixture_id"],
+                     _fmt(oof[-1]))
+    results_log.require_successes(results, 2)
+    final = final_mixture(cfg, space, results)
+    write_json(paths.search.mixture, {**final, "natural": space["natural"].tolist(),
+                                      "uniform": space["uniform"].tolist(), "max_weight": space["max_weight"].tolist(),
+                                      "goal": cfg.target.goal, "objective": list(cfg.target.objective)})
+    mixtures = {"climb": final["weights"], "uniform": space["uniform"], "natural": space["natural"]}
+    if "one-shot" in sc.baselines:
+        mixtures["one-shot"] = one_shot(cfg, paths, ex, space, results)
+    runs = compare(cfg, paths, ex, mixtures)
     if all(r["status"] != "ok" for per in runs.values() for r in per.values()):
         results_log.require_successes([r for per in runs.values() for r in per.values()], 1, "comparison proxies")
     table, verdicts = comparison_table(cfg, runs)
     quality = _quality(cfg, results, reps, runs, oof)
     quality["comparison"] = verdicts
     quality["warnings"] = warnings(quality)
-    write_json(sdir / "quality.json", quality)
+    write_json(paths.search.quality, quality)
     for w in quality["warnings"]:
         log.warning("%s", w)
     failed = sum(r["status"] != "ok" for r in results)
@@ -327,8 +262,8 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
              "clusters": len(space["natural"]), "final_predicted": final["predicted"],
              "replicate_proxies": sum(len(v) - 1 for v in reps.values()),  # less the search's own run
              "comparison_proxies": sum(len(v) for v in runs.values()),
-             "one_shot_proxies": len(read_json(sdir / "one_shot.json")) if (sdir / "one_shot.json").exists() else 0}
-    return finish(paths, "search", key, stats, t0, digest_files=("mixture.json",))
+             "one_shot_proxies": len(read_json(paths.search.one_shot)) if paths.search.one_shot.exists() else 0}
+    return stats
 
 
 def _fmt(v) -> str:
@@ -347,7 +282,7 @@ def replicates(cfg: RunConfig, paths: RunPaths, ex, results: list[dict]) -> dict
     """Retrain the first `search.replicates` mixtures of iteration 1 with `replicate_seeds` more
     seeds; returns {mixture_id: {seed: objective}} including the search's own seed."""
     sc = cfg.search
-    out_file = paths.root / "search" / "replicates.json"
+    out_file = paths.search.replicates
     have = read_json(out_file) if out_file.exists() else {}
     first = sorted((r for r in results if r["iteration"] == 0), key=lambda r: r["mixture_id"])[: sc.replicates]
     seeds = [sc.seed + 1 + s for s in range(sc.replicate_seeds)]
@@ -396,7 +331,7 @@ def one_shot(cfg: RunConfig, paths: RunPaths, ex, space: dict, results: list[dic
     else:  # iteration 1's random draw from the candidates (climb.strategy.plan, seed + 0), continued
         pool = fixed[np.random.default_rng(sc.seed).permutation(len(fixed))[:total]]
     trained = {r["mixture_id"]: r for r in results if r["iteration"] == 0}
-    out_file = paths.root / "search" / "one_shot.json"
+    out_file = paths.search.one_shot
     have = read_json(out_file) if out_file.exists() else {}
     todo = [j for j in range(len(pool))
             if f"it0-{j:03d}" not in trained and results_log.retry(have.get(f"oneshot-{j:03d}"), sc.retry_failed)]
@@ -410,7 +345,7 @@ def one_shot(cfg: RunConfig, paths: RunPaths, ex, space: dict, results: list[dic
         run_proxies(cfg, ex, tasks, "one-shot proxies", keep)
     recs = [trained.get(f"it0-{j:03d}") or have[f"oneshot-{j:03d}"] for j in range(len(pool))]
     pick = final_mixture(cfg, space, recs, rule="predicted", source="search/one_shot.json")
-    write_json(paths.root / "search" / "one_shot_mixture.json",
+    write_json(paths.search.one_shot_mixture,
                {"weights": pick["weights"], "predicted": pick["predicted"], "predictor": pick["predictor"],
                 "proxies": len(recs), "succeeded": len(_ok_sorted(recs))})
     return pick["weights"]
@@ -419,7 +354,7 @@ def one_shot(cfg: RunConfig, paths: RunPaths, ex, space: dict, results: list[dic
 def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict) -> dict:
     """Train every compared mixture with the same fresh seeds (paired; seeds the search never
     used). Returns {name: {seed: record}}; every run is kept in comparison.json."""
-    out_file = paths.root / "search" / "comparison.json"
+    out_file = paths.search.comparison
     have = read_json(out_file) if out_file.exists() else {}
     names = ["climb"] + [b for b in cfg.search.baselines if b in mixtures]
     seeds = [cfg.search.eval_seed + s for s in range(cfg.search.eval_seeds)]
@@ -466,6 +401,5 @@ def _write_swarm_csv(paths: RunPaths, results: list[dict]) -> None:
     metrics = {"objective": np.array([r["objective"] for r in ok]),
                "iteration": np.array([r["iteration"] for r in ok])}
     metrics.update({m: np.array([r["metrics"].get(m, np.nan) for r in ok]) for m in names})
-    sdir = paths.root / "search"
-    write_swarm(sdir / "swarm_weights.csv", sdir / "swarm_metrics.csv", [r["mixture_id"] for r in ok],
+    write_swarm(paths.search.swarm_weights, paths.search.swarm_metrics, [r["mixture_id"] for r in ok],
                 [f"cluster_{c}" for c in range(k)], np.array([r["weights"] for r in ok]), metrics)

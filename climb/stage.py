@@ -1,7 +1,8 @@
 """Run folders, stage manifests and the skip-if-unchanged rule.
 
-A run lives in one folder: `<run>/{config.toml, embed/, cluster/, search/,
-validate/, export/, report/}`. Each stage writes `manifest.json` last, holding a hash of
+A run lives in one folder: `<run>/{config.toml, data/, embed/, cluster/, tokenize/,
+search/, validate/, export/, report/}`; `RunPaths` names every file in it, and a
+stage reaches another's outputs only through it. Each stage writes `manifest.json` last, holding a hash of
 the config sections it depends on, its upstream manifests' hashes and its input
 fingerprints, and the size and mtime_ns of every file the stage wrote. A
 stage whose manifest hash matches and whose files are as it left them is
@@ -18,13 +19,13 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .config import RunConfig, section_hash, to_toml
 from .io import InputError, atomic_path, read_json, resolve_corpus_files, write_json
 
 log = logging.getLogger(__name__)
-STAGES = ("embed", "cluster", "search", "validate", "export", "report")
+STAGES = ("embed", "cluster", "tokenize", "search", "validate", "export", "report")
 # Stages `climb run` (and a later stage) runs only when the config enables them.
 OPTIONAL = ("validate",)
 # Bookkeeping files of a stage folder, not outputs.
@@ -32,7 +33,168 @@ OWN_FILES = ("manifest.json", "state.json")
 
 
 @dataclass(frozen=True)
+class EmbedOutputs:
+    """`<run>/embed/`: one embedding shard per corpus shard."""
+    dir: Path
+
+    def vectors(self, shard: str) -> Path:
+        """float32 [docs, dim], L2-normalised, in corpus order (empty documents skipped)."""
+        return self.dir / f"{shard}.npy"
+
+    def ids(self, shard: str) -> Path:
+        """Parquet (id, bytes) aligned with `vectors(shard)`; written last, so it marks the shard done."""
+        return self.dir / f"{shard}.ids.parquet"
+
+
+@dataclass(frozen=True)
+class ClusterOutputs:
+    """`<run>/cluster/`: centroids, the cluster summary and per-shard assignments."""
+    dir: Path
+
+    @property
+    def centroids(self) -> Path:  # the k fine k-means centroids
+        return self.dir / "centroids.npy"
+
+    @property
+    def cluster_centroids(self) -> Path:  # one per (merged) cluster
+        return self.dir / "cluster_centroids.npy"
+
+    @property
+    def summary(self) -> Path:  # clusters.json: n_clusters, sizes, top terms, exemplars, fine_to_cluster
+        return self.dir / "clusters.json"
+
+    def fine(self, shard: str) -> Path:
+        return self.dir / "fine" / f"{shard}.parquet"
+
+    def assignments(self, shard: str) -> Path:
+        """Parquet: one row per embedded document, `cluster` (-1: pruned) and its distance."""
+        return self.dir / "assign" / f"{shard}.parquet"
+
+
+@dataclass(frozen=True)
+class TokenizeOutputs:
+    """`<run>/tokenize/`: the proxies' tokenizer and the per-cluster token store."""
+    dir: Path
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.dir / "tokenizer.json"
+
+    @property
+    def store(self) -> Path:  # a proxies.tokens.TokenStore folder
+        return self.dir / "tokens"
+
+
+@dataclass(frozen=True)
+class SearchOutputs:
+    """`<run>/search/`: every proxy result, the plans, the found mixture and its comparison."""
+    dir: Path
+
+    @property
+    def results(self) -> Path:  # append-only JSON lines, one record per proxy run
+        return self.dir / "results.jsonl"
+
+    def plan(self, iteration: int) -> Path:
+        return self.dir / f"plan_{iteration}.json"
+
+    @property
+    def plans(self) -> list[Path]:
+        return sorted(self.dir.glob("plan_*.json"))
+
+    @property
+    def mixture(self) -> Path:  # the found mixture, with the natural and uniform ones
+        return self.dir / "mixture.json"
+
+    @property
+    def replicates(self) -> Path:
+        return self.dir / "replicates.json"
+
+    @property
+    def one_shot(self) -> Path:
+        return self.dir / "one_shot.json"
+
+    @property
+    def one_shot_mixture(self) -> Path:
+        return self.dir / "one_shot_mixture.json"
+
+    @property
+    def comparison(self) -> Path:
+        return self.dir / "comparison.json"
+
+    @property
+    def quality(self) -> Path:
+        return self.dir / "quality.json"
+
+    @property
+    def swarm_weights(self) -> Path:
+        return self.dir / "swarm_weights.csv"
+
+    @property
+    def swarm_metrics(self) -> Path:
+        return self.dir / "swarm_metrics.csv"
+
+
+@dataclass(frozen=True)
+class ValidateOutputs:
+    """`<run>/validate/`: the larger models' plan, results and summary."""
+    dir: Path
+
+    @property
+    def plan(self) -> Path:
+        return self.dir / "plan.json"
+
+    @property
+    def results(self) -> Path:
+        return self.dir / "results.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        return self.dir / "summary.json"
+
+
+@dataclass(frozen=True)
+class ExportOutputs:
+    """`<run>/export/`: the dataset (unless sent to export.destination), its plan and blend files."""
+    dir: Path
+
+    def plan(self, shard: str) -> tuple[Path, Path, Path]:
+        """Per corpus row of the shard: copies to export, cluster, tokens kept by a cut (0: whole)."""
+        d = self.dir / "plan"
+        return d / f"{shard}.npy", d / f"{shard}.clusters.npy", d / f"{shard}.cut.npy"
+
+    @property
+    def mixture(self) -> Path:
+        return self.dir / "mixture.json"
+
+    @property
+    def megatron_blend(self) -> Path:
+        return self.dir / "megatron_blend.txt"
+
+    @property
+    def interleave(self) -> Path:
+        return self.dir / "interleave.json"
+
+    @property
+    def destination(self) -> Path:  # what was written to export.destination (size and tag per object)
+        return self.dir / "destination.json"
+
+
+@dataclass(frozen=True)
+class ReportOutputs:
+    dir: Path
+
+    @property
+    def page(self) -> Path:
+        return self.dir / "report.md"
+
+    @property
+    def summary(self) -> Path:
+        return self.dir / "summary.json"
+
+
+@dataclass(frozen=True)
 class RunPaths:
+    """Every path of a run folder: each stage's outputs are reached through these, never by name."""
     root: Path
 
     def stage(self, name: str) -> Path:
@@ -43,13 +205,65 @@ class RunPaths:
     def manifest(self, name: str) -> Path:
         return self.root / name / "manifest.json"
 
+    @property
+    def config(self) -> Path:
+        return self.root / "config.toml"
+
+    @property
+    def data(self) -> Path:  # inputs built by climb itself (the demo corpus)
+        return self.root / "data"
+
+    @property
+    def embed(self) -> EmbedOutputs:
+        return EmbedOutputs(self.root / "embed")
+
+    @property
+    def cluster(self) -> ClusterOutputs:
+        return ClusterOutputs(self.root / "cluster")
+
+    @property
+    def tokenize(self) -> TokenizeOutputs:
+        return TokenizeOutputs(self.root / "tokenize")
+
+    @property
+    def search(self) -> SearchOutputs:
+        return SearchOutputs(self.root / "search")
+
+    @property
+    def validate(self) -> ValidateOutputs:
+        return ValidateOutputs(self.root / "validate")
+
+    @property
+    def export(self) -> ExportOutputs:
+        return ExportOutputs(self.root / "export")
+
+    @property
+    def report(self) -> ReportOutputs:
+        return ReportOutputs(self.root / "report")
+
+    def stats(self, stage: str) -> dict:
+        """The `stats` a finished stage recorded in its manifest."""
+        return read_json(self.manifest(stage))["stats"]
+
+    def shards(self) -> list[str]:
+        """The corpus shards, in order, as the embed stage recorded them (every later stage's unit)."""
+        return self.stats("embed")["shards"]
+
+    def n_clusters(self) -> int:
+        return read_json(self.cluster.summary)["n_clusters"]
+
     def corpus_files(self, cfg: RunConfig) -> list[Path]:
         return resolve_corpus_files(cfg.corpus.paths, self.root, cfg.corpus.max_shards)
+
+    def shard_files(self, cfg: RunConfig) -> dict[str, Path | str]:
+        """Corpus file of each shard name."""
+        from .embed import shard_name
+        return {shard_name(f): f for f in self.corpus_files(cfg)}
 
     def save_config(self, cfg: RunConfig) -> None:
         """Write config.toml, only if it changed: a finished run in a read-only folder still reads."""
         self.root.mkdir(parents=True, exist_ok=True)
-        path, text = self.root / "config.toml", to_toml(cfg)
+        path, text = self.config, to_toml(cfg)
         if path.exists() and path.read_text() == text:
             return
         with atomic_path(path) as tmp:
@@ -208,6 +422,30 @@ def finish(paths: RunPaths, stage: str, key: str, stats: dict, started: float,
     write_json(paths.manifest(stage), manifest)
     log.info("%s done in %.1fs", stage, stats["seconds"])
     return stats
+
+
+def execute(paths: RunPaths, stage: str, key: str, body: Callable[[Path, Any], dict], *, executor=None,
+            processes: int = 1, keep: tuple[str, ...] = (), cascade: dict[str, str] | None = None,
+            keep_on_change: bool = False, digest_files: tuple[str, ...] = ()) -> dict:
+    """What every stage does around its own work: skip it if it finished with this key and
+    its outputs are intact; otherwise begin (or resume) it, run `body(folder, executor)`
+    (the executor of `executor`, an ExecutorConfig, with `processes` local workers; None
+    without one), and write the manifest from the stats it returns.
+
+    `keep`, `cascade` (see is_done), `keep_on_change` (see begin) and `digest_files` (see
+    finish) are the stage's own rules for repairs and changes.
+    """
+    if is_done(paths, stage, key, keep, cascade):
+        return skipped(paths, stage)
+    started = time.time()
+    folder = begin(paths, stage, key, keep_on_change)
+    if executor is None:
+        stats = body(folder, None)
+    else:
+        from .executor import make_executor
+        with make_executor(executor, processes) as ex:
+            stats = body(folder, ex)
+    return finish(paths, stage, key, stats, started, digest_files)
 
 
 def skipped(paths: RunPaths, stage: str) -> dict:

@@ -25,33 +25,26 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
-from pathlib import Path
 
 import numpy as np
 
 from . import results as results_log
 from .config import RunConfig, TargetConfig, check_validation_trains, validation_model, without
 from .device import proxy_processes
-from .executor import make_executor
 from .io import InputError, read_json, write_json
 from .predictor import goal_sign
 from .quality import fmt_comparison, paired_comparison, rank_transfer
-from .stage import RunPaths, begin, finish, is_done, skipped, stage_key, upstream_hash
+from .stage import RunPaths, execute, stage_key, upstream_hash
 
 log = logging.getLogger(__name__)
 
 
-def _results_path(paths: RunPaths) -> Path:
-    return paths.root / "validate" / "results.jsonl"
-
-
 def read_results(paths: RunPaths) -> list[dict]:
     """Every complete record of the validation models, the last one per (mixture id, seed)."""
-    return results_log.load(_results_path(paths))
+    return results_log.load(paths.validate.results)
 
 
-def stage_hash(cfg: RunConfig, paths: RunPaths) -> str:
+def key(cfg: RunConfig, paths: RunPaths) -> str:
     model = validation_model(cfg)
     # Whether `climb run` validates, a time limit, the retry rule: how it runs, not what it measures.
     return stage_key(upstream_hash(paths, "search"), without(model, "timeout_s"), cfg.target,
@@ -98,18 +91,17 @@ def choose_rank_mixtures(records: list[dict], n: int, goal: str) -> list[dict]:
 
 def plan(cfg: RunConfig, paths: RunPaths) -> dict:
     """The mixtures and seeds to train (saved on first use, so a resumed stage trains the same)."""
-    plan_file = paths.root / "validate" / "plan.json"
+    plan_file = paths.validate.plan
     if plan_file.exists():
         return read_json(plan_file)
     from .search import read_results as search_results
     v = cfg.validate
-    sdir = paths.root / "search"
-    mix = read_json(sdir / "mixture.json")
+    mix = read_json(paths.search.mixture)
     # The search's comparison: each compared mixture's mean over its paired seeds.
-    proxy_means = read_json(paths.manifest("search"))["stats"].get("comparison", {})
+    proxy_means = paths.stats("search").get("comparison", {})
     compared = {"climb": mix["weights"], "uniform": mix["uniform"], "natural": mix["natural"]}
-    if (sdir / "one_shot_mixture.json").exists():
-        compared["one-shot"] = read_json(sdir / "one_shot_mixture.json")["weights"]
+    if paths.search.one_shot_mixture.exists():
+        compared["one-shot"] = read_json(paths.search.one_shot_mixture)["weights"]
     names = ["climb"] + baselines(cfg)
     missing = [n for n in names if n not in compared]
     if missing:
@@ -132,16 +124,18 @@ def plan(cfg: RunConfig, paths: RunPaths) -> dict:
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
-    from .search import proxy_task, run_proxies
     check_validation_trains(cfg)
-    key = stage_hash(cfg, paths)
-    if is_done(paths, "validate", key, keep=("results.jsonl",)):
-        return skipped(paths, "validate")
-    t0 = time.time()
-    vdir = begin(paths, "validate", key, keep_on_change=True)
     model = validation_model(cfg)
+    # The results log is repaired in place; results under another config are moved aside.
+    return execute(paths, "validate", key(cfg, paths), lambda folder, ex: _validate(cfg, paths, model, ex),
+                   executor=cfg.executor, processes=proxy_processes(model, cfg.executor),
+                   keep=("results.jsonl",), keep_on_change=True)
+
+
+def _validate(cfg: RunConfig, paths: RunPaths, model, ex) -> dict:
+    from .search import proxy_task, run_proxies
     heldout = heldout_target(cfg)
-    results_log.repair(_results_path(paths))
+    results_log.repair(paths.validate.results)
     p = plan(cfg, paths)
     have = {(r["mixture_id"], r["seed"]): r for r in read_results(paths)}
     todo = [(m, s) for m in p["mixtures"] for s in m["seeds"]
@@ -151,19 +145,16 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
              total, model.n_layer, model.n_embd, model.steps, model.batch_size, model.seq_len, total - len(todo))
     run_cfg = dataclasses.replace(cfg, proxy=model)
     tasks = [proxy_task(run_cfg, paths, m["name"], -3, m["weights"], s, heldout) for m, s in todo]
-    with make_executor(cfg.executor, proxy_processes(model, cfg.executor)) as ex:
-        run_proxies(run_cfg, ex, tasks, "validation models",
-                    lambda i, rec: results_log.append(_results_path(paths), rec))
+    run_proxies(run_cfg, ex, tasks, "validation models", lambda i, rec: results_log.append(paths.validate.results, rec))
     records = read_results(paths)
     results_log.require_successes(records, 1, "validation models")
     summary = summarize(cfg, paths, p, records, model)
-    write_json(vdir / "summary.json", summary)
+    write_json(paths.validate.summary, summary)
     for line in summary_lines(summary):
         log.info("%s", line)
-    stats = {"models": total, "trained": len(tasks), "failed": sum(r["status"] != "ok" for r in records),
-             "verdicts": {n: c["verdict"] for n, c in summary["target"]["comparison"].items()},
-             "rank_spearman": summary["rank"]["spearman"]}
-    return finish(paths, "validate", key, stats, t0)
+    return {"models": total, "trained": len(tasks), "failed": sum(r["status"] != "ok" for r in records),
+            "verdicts": {n: c["verdict"] for n, c in summary["target"]["comparison"].items()},
+            "rank_spearman": summary["rank"]["spearman"]}
 
 
 def _score(records: dict, name: str, seed: int, metric: str):
@@ -230,7 +221,7 @@ def _param_count(pc, paths: RunPaths) -> int | None:
     from proxies.model import GPT
     from proxies.tokenizer import load_tokenizer
     from .proxy import _configs
-    tok = paths.root / "search" / "tokenizer.json"
+    tok = paths.tokenize.tokenizer
     if not tok.exists():
         return None
     mcfg, _ = _configs(pc, load_tokenizer(tok))

@@ -3,6 +3,7 @@
 Layout under ``out_dir``::
 
     parts/{shard}/cluster_00003.bin   raw token ids of the shard's docs in cluster 3
+    parts/{shard}/doc_tokens.npy      tokens (EOS included) of each of the shard's docs, in order
     parts/{shard}/done.json           shard stats; written last, so its presence means complete
     cluster_00003.bin                 all shards' parts concatenated in the given order
     index.json                        {dtype, n_clusters, tokens, bytes, docs, shards}; written last
@@ -293,6 +294,10 @@ class TokenStore:
                     raise ValueError(f"{path} size does not match index.json; re-run merge_token_stores")
                 self._maps[c] = np.memmap(path, dtype=self.dtype, mode="r", shape=(n,))
         return self._maps[c]
+
+    def doc_tokens(self, shard: str) -> np.ndarray:
+        """Token count (EOS included) of each document the shard wrote, in the order given."""
+        return np.load(self.path / "parts" / shard / "doc_tokens.npy")
 
     def token_shares(self) -> np.ndarray:
         """Fraction of all tokens in each cluster (the 'natural' mixture)."""

@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pytest
 
-from climb import cluster, pipeline, search
+from climb import cluster, pipeline, tokenization
 from climb.config import load_config
 from climb.io import InputError
 from climb.stage import RunPaths
@@ -67,7 +67,7 @@ def test_deleted_assignment_file_runs_cluster_again(clustered):
     good = assign.read_bytes()
     assign.unlink()
     with pytest.raises(InputError, match=rf"{assign} is missing since `climb cluster` wrote it.*run `climb cluster`"):
-        search.run(cfg, paths)
+        tokenization.run(cfg, paths)
     pipeline.run_stage("cluster", cfg, paths.root)
     assert assign.read_bytes() == good
     manifest = json.loads(paths.manifest("cluster").read_text())

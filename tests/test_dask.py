@@ -158,11 +158,11 @@ def test_dask_run_equals_local_run(corpus, local_run, shared_clusters, tmp_path)
             _assert_tables_equal(a / "cluster" / sub / f, b / "cluster" / sub / f)
     assert _json(a / "cluster" / "clusters.json") == _json(b / "cluster" / "clusters.json")
     # search: token stores (per shard then merged), plans, results by mixture id, final mixture
-    toks = _files(a / "search" / "tokens", "**/*.bin")
-    assert toks == _files(b / "search" / "tokens", "**/*.bin") and toks
+    toks = _files(a / "tokenize" / "tokens", "**/*.bin")
+    assert toks == _files(b / "tokenize" / "tokens", "**/*.bin") and toks
     for f in toks:
-        assert (a / "search" / "tokens" / f).read_bytes() == (b / "search" / "tokens" / f).read_bytes(), f
-    assert _json(a / "search" / "tokens" / "index.json") == _json(b / "search" / "tokens" / "index.json")
+        assert (a / "tokenize" / "tokens" / f).read_bytes() == (b / "tokenize" / "tokens" / f).read_bytes(), f
+    assert _json(a / "tokenize" / "tokens" / "index.json") == _json(b / "tokenize" / "tokens" / "index.json")
     _assert_search_equal(local_run, dask_run)
     # export: the same files holding the same document ids in the same order
     data = _files(a / "export" / "data", "**/*.parquet")
@@ -197,7 +197,7 @@ def test_builtin_proxies_equal_on_dask(local_run, shared_clusters):
                              warmup_steps=2, device="cpu")
     shard = sorted(cfg.corpus.paths)[0].replace("*.parquet", "part-00000.parquet")
     tc = dataclasses.replace(cfg.target, texts=(shard,), objective=("bpb",))
-    k = _json(local_run.root / "search" / "tokens" / "index.json")["n_clusters"]
+    k = _json(local_run.root / "tokenize" / "tokens" / "index.json")["n_clusters"]
     tasks = [search.proxy_task(dataclasses.replace(cfg, proxy=pc, target=tc), local_run, f"b{j}", 0,
                           np.roll(np.arange(1, k + 1), j) / (k * (k + 1) / 2), seed=j) for j in range(3)]
     here = LocalExecutor().map(train_and_score, tasks)
@@ -330,7 +330,7 @@ def test_killed_worker_mid_search(corpus, local_run, dask_processes, tmp_path):
     # Same corpus, embeddings and clusters as the undisturbed run; the search runs on the workers.
     paths = RunPaths(tmp_path / "run")
     paths.save_config(cfg)
-    for stage in ("embed", "cluster"):
+    for stage in ("embed", "cluster", "tokenize"):
         shutil.copytree(local_run.root / stage, paths.root / stage)
     error: list[BaseException] = []
 

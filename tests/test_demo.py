@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from climb import demo
+from climb.stage import RunPaths
 
 BBC = {"business": 510, "entertainment": 386, "politics": 417, "sport": 511, "tech": 401}
 
@@ -71,7 +72,7 @@ def test_build_is_deterministic_and_done_once(built, tmp_path):
 def test_ensure_corpus(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(demo, "build", lambda out: calls.append(out))
-    paths = SimpleNamespace(root=tmp_path / "run")
+    paths = RunPaths(tmp_path / "run")
     demo.ensure_corpus(SimpleNamespace(corpus=SimpleNamespace(build="demo")), paths)
     assert calls == [tmp_path / "run" / "data"]
     demo.ensure_corpus(SimpleNamespace(corpus=SimpleNamespace(build="")), paths)

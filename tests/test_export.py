@@ -201,7 +201,7 @@ def test_export_stage_keeps_budget_and_weights_with_a_huge_document(tmp_path, mo
     stats = export.run(cfg, paths, weights=w.tolist())
     assert stats["tokens"] <= 3000 and stats["truncated_docs"] >= 1
     assert stats["max_abs_weight_error"] < 0.01 and stats["weights_off"] == {}
-    tok = load_tokenizer(paths.root / "search" / "tokenizer.json")
+    tok = load_tokenizer(paths.tokenize.tokenizer)
     files = sorted((paths.root / "export" / "data").rglob("*.parquet"))
     rows = [r for f in files for r in pq.read_table(f).to_pylist()]
     cut = [r for r in rows if r["id"] == "huge"]

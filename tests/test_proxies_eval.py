@@ -301,13 +301,13 @@ def test_a_run_scores_its_proxies_in_their_training_precision_on_cuda(fake_cuda,
     """climb.proxy passes the proxy's precision down: fp32 proxies on CUDA are scored in fp32."""
     from dataclasses import replace
     from climb.config import ProxyConfig, TargetConfig
-    from climb.proxy import evaluate_task_metrics
+    from climb.proxy import ProxyTask, evaluate_task_metrics
     (tmp_path / "t.jsonl").write_text('{"text": "some held-out text"}\n')
     model = GPT(GPTConfig(vocab_size=320, n_layer=1, n_head=2, n_embd=16, seq_len=16), seed=0)
-    task = {"run_dir": str(tmp_path), "target": TargetConfig(texts=(str(tmp_path / "t.jsonl"),)),
-            "proxy": ProxyConfig(precision="fp32")}
+    task = ProxyTask(mixture_id="m", iteration=0, weights=(1.0,), seed=0, tokens_dir="", run_dir=str(tmp_path),
+                     proxy=ProxyConfig(precision="fp32"), target=TargetConfig(texts=(str(tmp_path / "t.jsonl"),)))
     fp32 = evaluate_task_metrics(model, ByteTok(), task, "cuda")
     assert fake_cuda.calls == []
     assert fp32["bpb"] == evaluate_task_metrics(model, ByteTok(), task, "cpu")["bpb"]
-    evaluate_task_metrics(model, ByteTok(), {**task, "proxy": replace(task["proxy"], precision="bf16")}, "cuda")
+    evaluate_task_metrics(model, ByteTok(), replace(task, proxy=replace(task.proxy, precision="bf16")), "cuda")
     assert fake_cuda.calls == [("cuda", torch.bfloat16)]

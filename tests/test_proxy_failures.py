@@ -24,11 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from climb import pipeline, proxy, search
+from climb import pipeline, proxy, search, tokenization
 from climb.cli import main
-from climb.executor import LocalExecutor
 from climb.runlock import INFO_NAME
-from climb.stage import begin
 from scripted_run import alive, cli, notes, prepare, script
 
 
@@ -92,12 +90,10 @@ def test_interrupt_kills_the_trainer_group(tmp_path, monkeypatch):
 
 
 def _builtin_tasks(cfg, paths, n: int, timeout_s: float):
-    key = search.stage_hash(cfg, paths)
-    begin(paths, "search", key, keep_on_change=True)
-    search.prepare(cfg, paths, LocalExecutor())
+    tokenization.run(cfg, paths)
     pc = dataclasses.replace(cfg.proxy, command="", n_layer=1, n_embd=32, steps=50_000, batch_size=4,
                              warmup_steps=2, device="cpu", timeout_s=timeout_s, swarm="stacked")
-    k = len(json.loads((paths.root / "search" / "tokens" / "index.json").read_text())["tokens"])
+    k = len(json.loads((paths.tokenize.store / "index.json").read_text())["tokens"])
     run = dataclasses.replace(cfg, proxy=pc)
     return [search.proxy_task(run, paths, f"b{j}", 0, np.full(k, 1 / k), seed=j) for j in range(n)]
 

@@ -21,8 +21,8 @@ def test_killed_embed_resumes_at_the_missing_shard(tmp_path, fake_model, make_do
     # a temporary file left behind by the interrupted write.
     (paths.manifest("embed")).unlink()
     for i in (1, 2):
-        for f in embed.shard_files(tmp_path / "run" / "embed", f"part-0000{i}"):
-            f.unlink()
+        paths.embed.vectors(f"part-0000{i}").unlink()
+        paths.embed.ids(f"part-0000{i}").unlink()
     (tmp_path / "run" / "embed" / ".part-00001.npy.abc.tmp").write_bytes(b"partial")
     seen_before = fake_model.texts_seen
     stats = embed.run(cfg, paths)

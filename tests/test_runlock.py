@@ -65,9 +65,9 @@ def test_second_process_refused_and_dead_holder_taken_over(tmp_path, monkeypatch
     assert len(lines) == 6  # nothing written twice
     manifest = json.loads(paths.manifest("search").read_text())
     assert manifest["stats"]["proxies"] == 6
-    index = json.loads((paths.root / "search" / "tokens" / "index.json").read_text())
+    index = json.loads((paths.tokenize.store / "index.json").read_text())
     for c, n in enumerate(index["tokens"]):  # the token store was not doubled
-        f = paths.root / "search" / "tokens" / f"cluster_{c:05d}.bin"
+        f = paths.tokenize.store / f"cluster_{c:05d}.bin"
         assert f.stat().st_size == n * 2
     assert not (paths.root / INFO_NAME).exists()  # released
 

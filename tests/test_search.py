@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from climb import cluster, embed, search
+from climb import cluster, embed, search, tokenization
 from climb.config import load_config
 from climb.stage import RunPaths
 
@@ -42,6 +42,7 @@ def clustered(tmp_path, fake_model, make_docs, write_shards):
         paths = RunPaths(tmp_path / run)
         embed.run(cfg, paths)
         cluster.run(cfg, paths)
+        tokenization.run(cfg, paths)
         return cfg, paths
     return make
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from climb import cluster, embed, pipeline, report, search, validate
+from climb import cluster, embed, pipeline, report, search, tokenization, validate
 from climb.config import ConfigError, load_config
 from climb.quality import rank_transfer
 from climb.stage import RunPaths
@@ -44,6 +44,7 @@ def searched(tmp_path, fake_model, make_docs, write_shards):
         paths = RunPaths(tmp_path / "run")
         embed.run(cfg, paths)
         cluster.run(cfg, paths)
+        tokenization.run(cfg, paths)
         search.run(cfg, paths)
         return cfg, paths
     return make
@@ -160,9 +161,8 @@ def test_heldout_metrics_and_their_directions():
                          "metrics": {"heldout/cloze/acc": acc + 0.001 * s, "heldout/cloze/gold_loss_per_byte":
                                      2 - acc + 0.01 * s, "heldout/cloze/n": 10}})
 
-    class NoRun:
-        root = Path("/nonexistent")
-    s = validate.summarize(cfg, NoRun(), plan, recs, validation_model(cfg))
+    no_run = RunPaths(Path("/nonexistent"))
+    s = validate.summarize(cfg, no_run, plan, recs, validation_model(cfg))
     assert set(s["heldout"]) == {"heldout/cloze/acc", "heldout/cloze/gold_loss_per_byte"}
     assert s["heldout"]["heldout/cloze/acc"]["goal"] == "maximize"
     assert s["heldout"]["heldout/cloze/acc"]["comparison"]["uniform"]["verdict"] == "better"
@@ -173,7 +173,7 @@ def test_heldout_metrics_and_their_directions():
     # an accuracy every model scores 0 on is said to be uninformative, not compared
     for r in recs:
         r["metrics"]["heldout/cloze/acc"] = 0.0
-    s = validate.summarize(cfg, NoRun(), plan, recs, validation_model(cfg))
+    s = validate.summarize(cfg, no_run, plan, recs, validation_model(cfg))
     assert s["heldout"]["heldout/cloze/acc"]["constant"] == 0.0
     assert "uninformative" in report.transfer_section(s) and "uninformative" in "".join(validate.summary_lines(s))
 
@@ -183,17 +183,18 @@ def test_heldout_evaluation_of_a_built_in_model(tmp_path):
     import torch
     from proxies.model import GPT, GPTConfig
     from proxies.tokenizer import train_bpe
-    from climb.config import TargetConfig
-    from climb.proxy import evaluate_task_metrics
+    from climb.config import ProxyConfig, TargetConfig
+    from climb.proxy import ProxyTask, evaluate_task_metrics
     texts = [f"the quick brown fox {i} jumps over the lazy dog" for i in range(50)]
     tok = train_bpe(texts, 320, tmp_path / "tok.json")
     (tmp_path / "target.jsonl").write_text(json.dumps({"text": texts[0]}) + "\n")
     (tmp_path / "held.jsonl").write_text(json.dumps({"text": texts[1]}) + "\n")
     (tmp_path / "cloze.jsonl").write_text(json.dumps({"context": "the quick brown", "continuation": " fox"}) + "\n")
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16, seq_len=16), seed=0)
-    task = {"run_dir": str(tmp_path), "target": TargetConfig(texts=(str(tmp_path / "target.jsonl"),)),
-            "heldout": TargetConfig(texts=(str(tmp_path / "held.jsonl"),), tasks={"cloze": str(tmp_path / "cloze.jsonl")},
-                                    objective=())}
+    heldout = TargetConfig(texts=(str(tmp_path / "held.jsonl"),), tasks={"cloze": str(tmp_path / "cloze.jsonl")},
+                           objective=())
+    task = ProxyTask(mixture_id="m", iteration=-3, weights=(1.0,), seed=0, tokens_dir="", run_dir=str(tmp_path),
+                     proxy=ProxyConfig(), target=TargetConfig(texts=(str(tmp_path / "target.jsonl"),)), heldout=heldout)
     with torch.no_grad():
         m = evaluate_task_metrics(model, tok, task, "cpu")
     assert {"bpb", "heldout/bpb", "heldout/cloze/acc", "heldout/cloze/gold_loss_per_byte"} <= set(m)
