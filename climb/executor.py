@@ -18,6 +18,8 @@ Backends (`[executor]` in the run config, or `--executor/--dask-workers/--dask-a
 - `DaskExecutor` with `dask_address = "tcp://host:8786"` (or the path of a
   scheduler file, `*.json`): an existing scheduler and its workers, which must
   see the same files at the same paths.
+Opening, sharing and closing that client and cluster is `climb.dask_client`'s
+`DaskSession`; `DaskExecutor` maps tasks on it.
 
 A task asks for `resources={"GPU": 1}` only when some worker advertises a `GPU`
 resource (`dask worker --resources GPU=1`); without one it runs anywhere. If
@@ -41,17 +43,15 @@ None is the environment variable's value, or the `ExecutorConfig` default.
 """
 from __future__ import annotations
 
-import atexit
-import importlib.util
 import logging
 import os
-import threading
 import time
 from typing import Any, Callable, Sequence
 
 from tqdm.auto import tqdm
 
 from .config import ExecutorConfig
+from .dask_client import DaskSession, shutdown  # noqa: F401  (shutdown: climb.executor.shutdown)
 
 log = logging.getLogger(__name__)
 
@@ -88,51 +88,6 @@ class LocalExecutor:
         return out
 
 
-# One client (and, for a local cluster, the cluster) per key, shared by the
-# stages of a run in this process: ("local", workers, threads) or ("address", addr).
-_SHARED: dict[tuple, tuple[Any, Any]] = {}
-_LOCK = threading.Lock()
-
-
-def shutdown() -> None:
-    """Close every client and local cluster this process started (also run at exit)."""
-    with _LOCK:
-        items = list(_SHARED.values())
-        _SHARED.clear()
-    for client, cluster in items:
-        _close(client, cluster)
-
-
-def _close(client, cluster) -> None:
-    for thing in (client, cluster):
-        if thing is None:
-            continue
-        try:
-            thing.close()
-        except Exception as e:  # closing is best effort (e.g. at interpreter exit)
-            log.debug("closing %r: %s", thing, e)
-
-
-_ATEXIT = False
-
-
-def _register_shutdown() -> None:
-    # Registered after distributed is imported, so it runs before distributed's own
-    # exit hooks (atexit is last in, first out): clients close before their clusters.
-    global _ATEXIT
-    if not _ATEXIT:
-        atexit.register(shutdown)
-        _ATEXIT = True
-
-
-def _alive(client, cluster) -> bool:
-    if getattr(client, "status", "") != "running":
-        return False
-    if cluster is None:
-        return True
-    return getattr(getattr(cluster, "status", None), "name", "") == "running"
-
-
 # ExecutorConfig field -> the environment variable that overrides it when set.
 ENV = {"dask_dashboard": "CLIMB_DASK_DASHBOARD", "dask_memory_limit": "CLIMB_DASK_MEMORY_LIMIT",
        "dask_reuse": "CLIMB_DASK_REUSE", "dask_connect_timeout_s": "CLIMB_DASK_CONNECT_TIMEOUT_S",
@@ -155,142 +110,51 @@ def dask_setting(name: str, value: Any) -> Any:
     return raw
 
 
+def _session_attribute(name: str) -> property:
+    """An attribute of the executor's `DaskSession`, read and set on the executor."""
+    return property(lambda self: getattr(self.session, name),
+                    lambda self, value: setattr(self.session, name, value),
+                    doc=f"The session's `{name}`.")
+
+
 class DaskExecutor:
+    """Maps tasks on the client of a `DaskSession` (opened on entering, let go on leaving)."""
     kind = "dask"
 
     def __init__(self, address: str = "", workers: int = 2, threads_per_worker: int = 1,
                  reuse: bool | None = None, dashboard: str | None = None, memory_limit: str | None = None,
                  connect_timeout_s: float | None = None, resource_grace_s: float | None = None):
-        self.address, self.workers, self.threads = address, workers, threads_per_worker
         given = {"dask_reuse": reuse, "dask_dashboard": dashboard, "dask_memory_limit": memory_limit,
                  "dask_connect_timeout_s": connect_timeout_s, "dask_resource_grace_s": resource_grace_s}
         default = ExecutorConfig()
         s = {k: dask_setting(k, getattr(default, k)) if v is None else v for k, v in given.items()}
-        self.reuse, self.dashboard, self.memory_limit = s["dask_reuse"], s["dask_dashboard"], s["dask_memory_limit"]
-        self.connect_timeout_s, self.resource_grace_s = s["dask_connect_timeout_s"], s["dask_resource_grace_s"]
-        self.client = self.cluster = None
-        self._own = False  # True when this executor must close what it opened
+        self.session = DaskSession(address, workers, threads_per_worker, reuse=s["dask_reuse"],
+                                   dashboard=s["dask_dashboard"], memory_limit=s["dask_memory_limit"],
+                                   connect_timeout_s=s["dask_connect_timeout_s"])
+        self.resource_grace_s = s["dask_resource_grace_s"]
 
-    # ------------------------------------------------------------ lifecycle
-    def _key(self) -> tuple:
-        return ("address", self.address) if self.address else ("local", self.workers, self.threads)
-
-    def _open(self):
-        from distributed import Client, LocalCluster
-        _register_shutdown()
-        if self.address:
-            from .config import ConfigError
-            timeout = self.connect_timeout_s
-            try:
-                if self.address.endswith(".json"):  # a scheduler file (dask scheduler --scheduler-file)
-                    if not os.path.isfile(self.address):
-                        raise ConfigError(f"Dask scheduler file {self.address} not found; start the "
-                                          f"scheduler with `dask scheduler --scheduler-file {self.address}`")
-                    return Client(scheduler_file=self.address, timeout=timeout, set_as_default=False), None
-                return Client(self.address, timeout=timeout, set_as_default=False), None
-            except (OSError, TimeoutError) as e:
-                raise ConfigError(
-                    f"cannot reach the Dask scheduler at {self.address} ({e}); start one with "
-                    "`dask scheduler` and workers with `dask worker ADDRESS`, or drop --dask-address "
-                    "to use a local cluster") from e
-        kwargs: dict = {}
-        if self.memory_limit:
-            kwargs["memory_limit"] = self.memory_limit
-        dash = self.dashboard
-        if dash and importlib.util.find_spec("bokeh") is None:
-            log.warning("a Dask dashboard is asked for (executor.dask_dashboard or CLIMB_DASK_DASHBOARD) but "
-                        "bokeh is not installed: no dashboard (pip install 'bokeh>=3.1', or the climb[dask] extra)")
-        import dask
-        # Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, which turns off
-        # glibc's dynamic mmap threshold: torch then maps and unmaps its activations on
-        # every step and a proxy trains much slower than in-process. Keep glibc's defaults.
-        # The scheduler always serves a few HTTP routes (health, metrics); without a
-        # dashboard they go to a free local port instead of claiming 8787.
-        with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
-            cluster = LocalCluster(n_workers=self.workers, threads_per_worker=self.threads, processes=True,
-                                   dashboard_address=dash or None,
-                                   scheduler_kwargs=None if dash else {"dashboard_address": "127.0.0.1:0"},
-                                   **kwargs)
-        try:
-            return Client(cluster, set_as_default=False), cluster
-        except BaseException:
-            cluster.close()
-            raise
+    address = _session_attribute("address")
+    workers = _session_attribute("workers")
+    threads = _session_attribute("threads")
+    reuse = _session_attribute("reuse")
+    dashboard = _session_attribute("dashboard")
+    memory_limit = _session_attribute("memory_limit")
+    connect_timeout_s = _session_attribute("connect_timeout_s")
+    client = _session_attribute("client")  # None outside the `with` block
+    cluster = _session_attribute("cluster")  # the local cluster, None on an existing scheduler
 
     def __enter__(self):
-        key = self._key()
-        with _LOCK:
-            shared = _SHARED.get(key) if self.reuse else None
-            if shared is not None and not _alive(*shared):
-                _SHARED.pop(key, None)
-                _close(*shared)
-                shared = None
-            if shared is None:
-                shared = self._open()
-                if self.reuse:
-                    _SHARED[key] = shared
-                    self._describe(*shared)
-            self.client, self.cluster = shared
-            self._own = not self.reuse
-        if self._own:
-            self._describe(self.client, self.cluster)
+        self.session.open()
         return self
 
     def __exit__(self, *exc):
-        if self._own:
-            _close(self.client, self.cluster)
-        self.client = self.cluster = None
+        self.session.close()
         return False
-
-    def _describe(self, client, cluster) -> None:
-        info = client.scheduler_info(n_workers=-1)
-        # The scheduler always serves HTTP (health, metrics); the dashboard only when
-        # it was asked for and bokeh imports there.
-        port = info.get("services", {}).get("dashboard")
-        try:
-            has_dash = client.run_on_scheduler(
-                lambda: "distributed.dashboard.scheduler" in __import__("sys").modules)
-        except Exception:
-            has_dash = False
-        host = client.scheduler.address.split("://")[-1].rsplit(":", 1)[0]
-        dash = f"dashboard http://{host}:{port}/status" if port and has_dash else "no dashboard"
-        log.info("dask: %s scheduler %s, %d workers (%d threads), %s",
-                 "local" if cluster is not None else "existing", client.scheduler.address,
-                 len(info["workers"]), sum(w.get("nthreads", 0) for w in info["workers"].values()), dash)
-        if cluster is None:
-            # Tasks carry paths; a worker started in another folder resolves relative ones elsewhere.
-            try:
-                cwds = set(client.run(os.getcwd).values())
-            except Exception:  # a worker without climb installed etc.: the tasks will say so
-                cwds = set()
-            if cwds - {os.getcwd()}:
-                log.warning("dask workers run in %s but this process in %s: relative paths (a relative "
-                            "--run, corpus.paths, target files) point elsewhere there; use absolute paths "
-                            "on a filesystem every worker sees", sorted(cwds), os.getcwd())
-
-    # ------------------------------------------------------------ mapping
-    def _workers_with(self, resources: dict | None) -> list[dict]:
-        """The workers that advertise every resource named (all of them for none)."""
-        workers = self.client.scheduler_info(n_workers=-1)["workers"].values()
-        return [w for w in workers
-                if all(w.get("resources", {}).get(k, 0) >= v for k, v in (resources or {}).items())]
-
-    def _holders(self, resources: dict) -> int:
-        """Workers that advertise every resource named."""
-        return len(self._workers_with(resources))
 
     def slots(self, resources: dict | None = None) -> int:
         """How many tasks run at once: the workers (holding the resources, if any hold them) times their threads."""
-        return max(1, sum(w.get("nthreads", 1) for w in self._workers_with(self._usable(resources))))
-
-    def _usable(self, resources: dict | None) -> dict | None:
-        """Ask for a resource (e.g. GPU) only when some worker advertises it."""
-        if not resources:
-            return None
-        have = {r for w in self.client.scheduler_info(n_workers=-1)["workers"].values()
-                for r in w.get("resources", {})}
-        wanted = {k: v for k, v in resources.items() if k in have}
-        return wanted or None
+        workers = self.session.workers_with(self.session.advertised(resources))
+        return max(1, sum(w.get("nthreads", 1) for w in workers))
 
     def map(self, fn: Callable, tasks: Sequence[Any], desc: str = "", resources: dict | None = None,
             on_result: Callable[[int, Any], None] | None = None, parallel: bool = True) -> list:
@@ -299,14 +163,12 @@ class DaskExecutor:
         tasks = list(tasks)
         if not tasks:
             return []
-        want = self._usable(resources)
+        want = self.session.advertised(resources)
         futures = self.client.map(fn, tasks, pure=False, resources=want)
         live = {f.key: (i, f) for i, f in enumerate(futures)}  # key -> (task index, future)
         out: list = [None] * len(tasks)
         ac = as_completed(futures, loop=self.client.loop)
-        grace = self.resource_grace_s
-        starving_since: float | None = None
-        next_check = 0.0
+        holders = _ResourceHolders(self.session, want, self.resource_grace_s, desc or fn.__name__)
         bar = tqdm(total=len(tasks), desc=desc, leave=False, disable=len(tasks) < 2)
         try:
             while live:
@@ -316,17 +178,7 @@ class DaskExecutor:
                     batch = ac.next_batch(block=False)
                     if not batch:
                         time.sleep(0.2)
-                        if time.monotonic() < next_check:
-                            continue
-                        next_check = time.monotonic() + min(5.0, grace / 4)
-                        if self._holders(want):
-                            starving_since = None
-                        elif starving_since is None:
-                            starving_since = time.monotonic()
-                            log.warning("%s: no worker with resources %s is left; the remaining tasks "
-                                        "run anywhere in %.0fs unless one joins", desc or fn.__name__, want,
-                                        grace)
-                        elif time.monotonic() - starving_since >= grace:
+                        if holders.gone_for_grace():
                             self._resubmit_anywhere(fn, tasks, live, ac)
                             want = None
                         continue
@@ -363,6 +215,31 @@ class DaskExecutor:
         for i, f in zip(idx, new):
             live[f.key] = (i, f)
             ac.add(f)
+
+
+class _ResourceHolders:
+    """Watches, while a map's tasks wait for some resources, whether any worker still holds them."""
+
+    def __init__(self, session: DaskSession, resources: dict | None, grace_s: float, what: str):
+        self.session, self.resources, self.grace_s, self.what = session, resources, grace_s, what
+        self.missing_since: float | None = None
+        self.next_check = 0.0
+
+    def gone_for_grace(self) -> bool:
+        """True once no worker has held the resources for the grace period; the scheduler is asked
+        at most every min(5 s, grace / 4)."""
+        if time.monotonic() < self.next_check:
+            return False
+        self.next_check = time.monotonic() + min(5.0, self.grace_s / 4)
+        if self.session.workers_with(self.resources):
+            self.missing_since = None
+        elif self.missing_since is None:
+            self.missing_since = time.monotonic()
+            log.warning("%s: no worker with resources %s is left; the remaining tasks "
+                        "run anywhere in %.0fs unless one joins", self.what, self.resources, self.grace_s)
+        elif time.monotonic() - self.missing_since >= self.grace_s:
+            return True
+        return False
 
 
 def make_executor(cfg, processes: int = 1) -> LocalExecutor | DaskExecutor:

@@ -8,6 +8,8 @@
   is held by the client process.
 - `test_builtin_proxies_equal_on_dask`: the built-in trainer (CPU, one thread)
   gives the same records in a worker process as in this one.
+- `test_one_local_cluster_per_process_replaced_once_stopped`: executors share
+  one local cluster per process; a stopped one is replaced by a fresh one.
 - `test_killed_worker_mid_search`: a real `dask scheduler` and two `dask worker`
   processes; one is SIGKILLed (with its children, and the process groups of the
   proxy commands it started) while it trains a proxy; the
@@ -209,6 +211,40 @@ def test_builtin_proxies_equal_on_dask(local_run, shared_clusters):
     strip = [{k: v for k, v in r.items() if k != "seconds"} for r in here]
     assert all(r["status"] == "ok" for r in here), here
     assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in there]
+
+
+def test_one_local_cluster_per_process_replaced_once_stopped(shared_clusters):
+    """Executors with the same local cluster settings share one cluster while it runs; a kept
+    client or cluster that has stopped is closed and replaced; with reuse off an executor
+    closes its own at the end."""
+    def local_executor(**kw):
+        return DaskExecutor("", workers=1, threads_per_worker=1, **kw)
+
+    with local_executor() as first:
+        client, cluster = first.client, first.cluster
+        assert first.map(abs, [-1, -2]) == [1, 2]
+    assert first.client is None and first.cluster is None  # the executor lets go of it ...
+    assert client.status == "running" and cluster.status.name == "running"  # ... the process keeps it
+    with local_executor() as second:
+        assert second.client is client and second.cluster is cluster
+    client.close()  # the kept client stops while its cluster runs on
+    with local_executor() as third:
+        client2, cluster2 = third.client, third.cluster
+        assert client2 is not client and cluster2 is not cluster
+    assert cluster.status.name == "closed"  # the old cluster was closed, not left running
+    cluster2.close()  # the kept cluster stops (its scheduler went away)
+    with local_executor() as fourth:
+        client3, cluster3 = fourth.client, fourth.cluster
+        assert client3 is not client2 and cluster3 is not cluster2
+        assert fourth.map(abs, [-3]) == [3]
+    assert client2.status == "closed"
+    with local_executor(reuse=False) as own:
+        own_client, own_cluster = own.client, own.cluster
+        assert own_cluster is not cluster3
+    assert own_client.status == "closed" and own_cluster.status.name == "closed"
+    assert client3.status == "running" and cluster3.status.name == "running"
+    executor.shutdown()
+    assert client3.status == "closed" and cluster3.status.name == "closed"
 
 
 # ------------------------------------------------------------------ real scheduler and workers
