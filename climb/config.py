@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from proxies.config import ConfigFieldError, GPTConfig, TrainConfig  # torch-free
+
 
 @dataclass(frozen=True)
 class CorpusConfig:
@@ -83,27 +85,38 @@ class ClusterConfig:
     exemplars: int = 3
 
 
+def _shared(owner: type, name: str) -> Any:
+    """A [proxy] field that is the proxy model's or trainer's field `name` (`owner`:
+    GPTConfig or TrainConfig): its default comes from there, its checks run there, and
+    ProxyConfig.model_config / train_config pass it on."""
+    (f,) = [f for f in fields(owner) if f.name == name]
+    return field(default=f.default, metadata={"owner": owner})
+
+
 @dataclass(frozen=True)
 class ProxyConfig:
     # Tokenizer: "" trains a byte-level BPE on the corpus; or a tokenizer.json path.
     tokenizer: str = ""
     vocab_size: int = 4096
     tokenizer_docs: int = 4000
-    n_layer: int = 2
-    n_head: int = 2
-    n_embd: int = 64
-    seq_len: int = 128
-    steps: int = 200
-    batch_size: int = 16
-    lr: float = 3e-3
-    warmup_steps: int = 20
-    schedule: str = "cosine"
+    # The proxy model and its training: the fields (and defaults) of proxies.config's
+    # GPTConfig and TrainConfig of the same name.
+    n_layer: int = _shared(GPTConfig, "n_layer")
+    n_head: int = _shared(GPTConfig, "n_head")
+    n_embd: int = _shared(GPTConfig, "n_embd")
+    seq_len: int = _shared(GPTConfig, "seq_len")
+    steps: int = _shared(TrainConfig, "steps")
+    batch_size: int = _shared(TrainConfig, "batch_size")
+    lr: float = _shared(TrainConfig, "lr")
+    warmup_steps: int = _shared(TrainConfig, "warmup_steps")
+    # "cosine" or "wsd" (warmup-stable-decay).
+    schedule: str = _shared(TrainConfig, "schedule")
     # The learning rate the schedule ends at, as a fraction of lr.
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = _shared(TrainConfig, "min_lr_ratio")
     # Evaluate the mean of the weights over this last fraction of the steps (0: off).
-    average_last: float = 0.0
+    average_last: float = _shared(TrainConfig, "average_last")
     # Share the token embedding with the LM head (GPT-2 style); false gives the head its own weights.
-    tie_embeddings: bool = True
+    tie_embeddings: bool = _shared(GPTConfig, "tie_embeddings")
     # Batches whose cluster composition follows the weights exactly (a stride
     # schedule), instead of drawing each row's cluster at random.
     exact_batches: bool = True
@@ -114,7 +127,7 @@ class ProxyConfig:
     # bf16 autocast for the proxies' matmuls: "auto" (where the device has native
     # bf16 kernels; on a CPU only for n_embd >= 96, below which it measured
     # slower: see BENCHMARKS.md, Stage speed), "bf16" or "fp32".
-    precision: str = "auto"
+    precision: str = _shared(TrainConfig, "precision")
     # Train several proxies at once as one stacked model (batched matmuls):
     # "auto" (on CUDA; on a CPU it measured no faster: see BENCHMARKS.md, Stage speed),
     # "stacked" or "single".
@@ -136,6 +149,18 @@ class ProxyConfig:
     lookup: str = ""
     lookup_weights: str = ""
     lookup_key: str = "index"
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        """The proxy model's settings for a tokenizer of `vocab_size` tokens (its own
+        checks raise proxies.config.ConfigFieldError)."""
+        return GPTConfig(vocab_size=vocab_size, **self._passed_to(GPTConfig))
+
+    def train_config(self, **extra: Any) -> TrainConfig:
+        """The trainer's settings; `extra` sets TrainConfig fields that [proxy] has not."""
+        return TrainConfig(**self._passed_to(TrainConfig), **extra)
+
+    def _passed_to(self, owner: type) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("owner") is owner}
 
 
 @dataclass(frozen=True)
@@ -397,7 +422,6 @@ def validate(cfg: RunConfig) -> None:
                           f"{cfg.embed.backend!r} (\"auto\": OpenVINO on a CPU, torch on a GPU)")
     if cfg.executor.kind not in ("local", "dask"):
         raise ConfigError(f"executor.kind must be 'local' or 'dask', got {cfg.executor.kind!r}")
-    _check_model(cfg.proxy, "proxy")
     if cfg.search.eval_seeds < 2:
         raise ConfigError(f"search.eval_seeds must be at least 2 (paired seeds give the comparison its interval), "
                           f"got {cfg.search.eval_seeds}")
@@ -413,15 +437,13 @@ def validate(cfg: RunConfig) -> None:
                           f"{cfg.executor.dask_connect_timeout_s}")
     if cfg.proxy.swarm_size < 0:
         raise ConfigError(f"proxy.swarm_size must be >= 0 (0: automatic), got {cfg.proxy.swarm_size}")
-    _at_least(cfg, 1, "proxy.steps", "proxy.batch_size", "proxy.seq_len", "proxy.n_layer", "proxy.n_head",
-              "proxy.n_embd", "proxy.vocab_size", "proxy.tokenizer_docs", "search.eval_seeds", "search.pool_size",
+    _at_least(cfg, 1, "proxy.vocab_size", "proxy.tokenizer_docs", "search.eval_seeds", "search.pool_size",
               "cluster.niter", "cluster.sample_size", "corpus.batch_rows", "embed.batch_size",
               "embed.max_seq_length", "export.rows_per_shard", "executor.dask_workers",
               "executor.dask_threads_per_worker")
-    _at_least(cfg, 0, "proxy.warmup_steps", "proxy.timeout_s", "export.token_budget", "corpus.max_shards",
+    _at_least(cfg, 0, "proxy.timeout_s", "export.token_budget", "corpus.max_shards",
               "search.final_top_k", "export.weight_tolerance", "executor.dask_resource_grace_s")
-    if cfg.proxy.n_embd % cfg.proxy.n_head:
-        raise ConfigError(f"proxy.n_embd={cfg.proxy.n_embd} must be a multiple of proxy.n_head={cfg.proxy.n_head}")
+    _check_model(cfg.proxy, "proxy")
     if not 0 < cfg.search.epoch_cap:
         raise ConfigError(f"search.epoch_cap must be positive, got {cfg.search.epoch_cap}")
     if cfg.export.long_docs not in ("truncate", "skip"):
@@ -461,15 +483,17 @@ def validation_model(cfg: RunConfig) -> ProxyConfig:
         raise ConfigError(str(e).replace("[validate.model]", "validate.model")) from None
 
 
-def _check_model(pc: ProxyConfig, where: str) -> None:
-    """The choices and learning rate of a proxy-like model ([proxy] or the validation model)."""
-    for name, choices in (("schedule", ("cosine", "wsd")), ("precision", ("auto", "bf16", "fp32")),
-                          ("swarm", ("auto", "stacked", "single"))):
-        if getattr(pc, name) not in choices:
-            options = ", ".join(map(repr, choices[:-1])) + f" or {choices[-1]!r}"
-            raise ConfigError(f"{where}.{name} must be {options}, got {getattr(pc, name)!r}")
-    if not pc.lr > 0:
-        raise ConfigError(f"{where}.lr must be positive, got {pc.lr}")
+def _check_model(pc: ProxyConfig, where: str, note: str = "") -> None:
+    """A proxy-like model ([proxy] or the validation model): the proxy model and trainer
+    check the settings they take (GPTConfig's and TrainConfig's own checks), here named
+    as the `where` keys; `note` ends each message."""
+    if pc.swarm not in ("auto", "stacked", "single"):
+        raise ConfigError(f"{where}.swarm must be 'auto', 'stacked' or 'single', got {pc.swarm!r}{note}")
+    try:
+        pc.model_config(pc.vocab_size)  # the tokenizer's own size is known once it is trained
+        pc.train_config()
+    except ConfigFieldError as e:
+        raise ConfigError(f"{where}.{e.field} {e.problem}{note}") from None
 
 
 def _check_validate(cfg: RunConfig) -> None:
@@ -489,12 +513,8 @@ def _check_validate(cfg: RunConfig) -> None:
         raise ConfigError('validate.baselines has "one-shot", which only a search with "one-shot" in '
                           "search.baselines computes; add it there or drop it here")
     m = validation_model(cfg)
-    if m.n_embd % m.n_head:
-        raise ConfigError(f"validate: the model's n_embd={m.n_embd} must be a multiple of its n_head={m.n_head}")
-    for name in ("steps", "batch_size", "seq_len", "n_layer", "n_head", "n_embd"):
-        if getattr(m, name) < 1:
-            raise ConfigError(f"validate.model.{name} must be at least 1, got {getattr(m, name)}")
-    _check_model(m, "validate.model")
+    _check_model(m, "validate.model", " (the validation model: [proxy] with n_embd, n_layer and steps multiplied "
+                                      "by validate.width, depth and tokens, then validate.model's settings)")
     if m.command:
         check_command(m.command)
         if v.texts or v.tasks:

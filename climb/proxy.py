@@ -253,15 +253,7 @@ def _raiser(e: Exception):
 
 
 def _configs(pc: ProxyConfig, tok):
-    from proxies.model import GPTConfig
-    from proxies.train import TrainConfig
-    mcfg = GPTConfig(vocab_size=tok.vocab_size, n_layer=pc.n_layer, n_head=pc.n_head,
-                     n_embd=pc.n_embd, seq_len=pc.seq_len, tie_embeddings=pc.tie_embeddings)
-    tcfg = TrainConfig(steps=pc.steps, batch_size=pc.batch_size, lr=pc.lr, warmup_steps=pc.warmup_steps,
-                       schedule=pc.schedule, min_lr_ratio=pc.min_lr_ratio, average_last=pc.average_last,
-                       precision=pc.precision,
-                       log_every=10**9)
-    return mcfg, tcfg
+    return pc.model_config(tok.vocab_size), pc.train_config(log_every=10**9)
 
 
 def _sampler(store, weights, pc: ProxyConfig, seed: int, device: str, where: str):

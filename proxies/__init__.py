@@ -22,11 +22,11 @@ import types
 _EXPORTS = {
     "EOS_TOKEN": "tokenizer",
     "GPT": "model",
-    "GPTConfig": "model",
+    "GPTConfig": "config",
     "MixtureSampler": "sampler",
     "Tokenizer": "tokenizer",
     "TokenStore": "tokens",
-    "TrainConfig": "train",
+    "TrainConfig": "config",
     "atomic_path": "atomic",
     "bits_per_byte": "evaluate",
     "evaluate_task": "evaluate",

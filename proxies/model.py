@@ -5,6 +5,9 @@ causal self-attention through ``F.scaled_dot_product_attention`` (which picks
 flash / memory-efficient kernels on CUDA), a 4x GELU MLP, and an LM head tied
 to the token embedding.
 
+Its settings are ``GPTConfig`` (``proxies.config``, importable without torch;
+also exported here).
+
 Usage::
 
     from proxies.model import GPT, GPTConfig
@@ -19,45 +22,14 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .config import GPTConfig
+
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    # Embedding-table rows; use Tokenizer.vocab_size, which is already padded
-    # to a multiple of 64 so the LM-head matmul hits fast kernel shapes.
-    vocab_size: int
-    # Number of transformer blocks.
-    n_layer: int = 2
-    # Attention heads per block; must divide n_embd.
-    n_head: int = 2
-    # Residual-stream width.
-    n_embd: int = 64
-    # Maximum context length (size of the positional-embedding table).
-    seq_len: int = 128
-    # Dropout on embeddings, attention probabilities and residual branches;
-    # 0.0 for proxies because each token is seen about once.
-    dropout: float = 0.0
-    # Share the token embedding with the LM head (GPT-2). Untied, a proxy this small
-    # leaves its initial loss plateau sooner and more steadily (BENCHMARKS.md, proxy noise).
-    tie_embeddings: bool = True
-
-    def __post_init__(self) -> None:
-        if self.vocab_size <= 0 or self.n_layer <= 0 or self.seq_len <= 0:
-            raise ValueError(f"GPTConfig needs positive vocab_size, n_layer, seq_len; got {self}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(
-                f"GPTConfig: n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
-                "pick n_head that divides n_embd"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout}")
 
 
 class CausalSelfAttention(nn.Module):

@@ -3,7 +3,8 @@
 AdamW (fused on CUDA) with decoupled weight decay on matrices only, linear warmup
 followed by cosine or warmup-stable-decay (WSD) learning-rate schedule, gradient
 clipping, and bf16 autocast where the device has native bf16 kernels
-(``TrainConfig.precision``). All torch randomness (init, dropout) runs inside
+(``TrainConfig.precision``; the settings live in ``proxies.config``, importable
+without torch, and are exported here too). All torch randomness (init, dropout) runs inside
 ``torch.random.fork_rng`` seeded by ``seed``, so the caller's global RNG is untouched
 and a CPU run is bit-for-bit reproducible given the seed and a fresh sampler.
 
@@ -29,17 +30,15 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
 import torch
 
-from .model import GPT, GPTConfig
+from .config import GPTConfig, TrainConfig
+from .model import GPT
 from .sampler import MixtureSampler
 
 logger = logging.getLogger(__name__)
-
-SCHEDULES = ("cosine", "wsd")
 
 
 class TrainingTimeout(RuntimeError):
@@ -50,44 +49,6 @@ def check_deadline(deadline: float | None, step: int, steps: int) -> None:
     """Raise TrainingTimeout once ``time.monotonic()`` is past ``deadline`` (None: no limit)."""
     if deadline is not None and time.monotonic() > deadline:
         raise TrainingTimeout(f"training stopped at step {step}/{steps}: past its time limit")
-PRECISIONS = ("auto", "fp32", "bf16")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    steps: int = 200
-    batch_size: int = 16
-    lr: float = 3e-3
-    # Final learning rate as a fraction of lr (both schedules decay to lr * min_lr_ratio).
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 20
-    schedule: str = "cosine"  # or "wsd" (warmup-stable-decay, decay over last decay_frac)
-    decay_frac: float = 0.2
-    weight_decay: float = 0.1
-    betas: tuple = (0.9, 0.95)
-    grad_clip: float = 1.0
-    log_every: int = 50
-    # Matmul precision: "auto" runs them under bf16 autocast where the device has
-    # native bf16 kernels (CUDA; CPUs with AVX512-BF16 or AMX, for models at least
-    # CPU_BF16_MIN_WIDTH wide), fp32 elsewhere.
-    precision: str = "auto"
-    # torch.compile the model (pays a one-off compilation; worth it for long GPU runs).
-    compile: bool = False
-    # Evaluate the mean of the weights over this last fraction of steps (0: the last
-    # weights). Averaging the tail removes much of the step-to-step SGD noise.
-    average_last: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"TrainConfig.precision={self.precision!r}; choose one of {PRECISIONS}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"TrainConfig.schedule={self.schedule!r}; choose one of {SCHEDULES}")
-        if self.steps <= 0 or self.batch_size <= 0:
-            raise ValueError(f"TrainConfig needs positive steps and batch_size, got {self.steps}, {self.batch_size}")
-        if not 0.0 <= self.average_last < 1.0:
-            raise ValueError(f"TrainConfig.average_last must be in [0, 1), got {self.average_last}")
-        if not 0.0 < self.decay_frac <= 1.0:
-            raise ValueError(f"TrainConfig.decay_frac must be in (0, 1], got {self.decay_frac}")
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

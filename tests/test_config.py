@@ -2,13 +2,19 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
+import subprocess
+import sys
 import tomllib
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from climb.config import (ClusterConfig, ConfigError, CorpusConfig, RunConfig, SearchConfig, TargetConfig,
-                          _build, load_config, section_hash, to_dict, to_toml)
+from climb.config import (ClusterConfig, ConfigError, CorpusConfig, ProxyConfig, RunConfig, SearchConfig,
+                          TargetConfig, _build, load_config, section_hash, to_dict, to_toml)
+from proxies.config import GPTConfig, TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -187,3 +193,87 @@ def test_section_hash_stable_and_sensitive():
     # Stable across a save/load of the whole config.
     cfg = load_config(None, ["cluster.k=8"])
     assert section_hash(cfg.cluster, cfg.corpus) == section_hash(a, b)
+
+
+# [proxy] settings that are the proxy model's (GPTConfig) or trainer's (TrainConfig),
+# each with a valid value other than its default.
+SHARED = {"n_layer": 3, "n_head": 4, "n_embd": 96, "seq_len": 64, "tie_embeddings": False,
+          "steps": 50, "batch_size": 8, "lr": 1e-3, "warmup_steps": 5, "schedule": "wsd", "min_lr_ratio": 0.2,
+          "average_last": 0.25, "precision": "fp32"}
+
+
+def test_proxy_section_hash_is_pinned():
+    # Run folders key on this hash: a change would train every proxy of a finished search again.
+    assert section_hash(ProxyConfig()) == "20eeb4c91c2fa791"
+    assert to_dict(ProxyConfig()) == {
+        "tokenizer": "", "vocab_size": 4096, "tokenizer_docs": 4000, "n_layer": 2, "n_head": 2, "n_embd": 64,
+        "seq_len": 128, "steps": 200, "batch_size": 16, "lr": 0.003, "warmup_steps": 20, "schedule": "cosine",
+        "min_lr_ratio": 0.1, "average_last": 0.0, "tie_embeddings": True, "exact_batches": True,
+        "common_streams": True, "device": "auto", "precision": "auto", "swarm": "auto", "swarm_size": 0,
+        "command": "", "timeout_s": 0.0, "lookup": "", "lookup_weights": "", "lookup_key": "index"}
+    cfg = load_config(None, [f"proxy.{k}={json.dumps(v)}" for k, v in SHARED.items()])
+    assert section_hash(cfg.proxy) == "63f93a5763148c43"
+
+
+def test_proxy_shares_the_model_and_trainer_fields():
+    model, train = {f.name: f for f in fields(GPTConfig)}, {f.name: f for f in fields(TrainConfig)}
+    marked = set()
+    for f in fields(ProxyConfig):
+        owner = f.metadata.get("owner")
+        if f.name == "vocab_size":  # the tokenizer's size asked for; the model gets the trained tokenizer's
+            assert owner is None
+            continue
+        assert (owner is not None) == (f.name in model or f.name in train), f.name
+        if owner is not None:
+            theirs = (model if owner is GPTConfig else train)[f.name]
+            assert (f.default, f.type) == (theirs.default, theirs.type), f.name
+            marked.add(f.name)
+    assert marked == set(SHARED)
+
+
+def test_proxy_builders_pass_every_shared_field():
+    assert ProxyConfig().model_config(320) == GPTConfig(vocab_size=320)
+    assert ProxyConfig().train_config() == TrainConfig()
+    pc = ProxyConfig(**SHARED)
+    mcfg, tcfg = pc.model_config(320), pc.train_config(log_every=7)
+    assert mcfg.vocab_size == 320 and tcfg.log_every == 7
+    for name, value in SHARED.items():
+        assert any(hasattr(c, name) for c in (mcfg, tcfg)), name
+        for c in (mcfg, tcfg):
+            if hasattr(c, name):
+                assert getattr(c, name) == value != getattr(ProxyConfig(), name), name
+
+
+@pytest.mark.parametrize("override, message", [
+    ("proxy.schedule=linear", "proxy.schedule must be 'cosine' or 'wsd', got 'linear'"),
+    ("proxy.precision=fp16", "proxy.precision must be 'auto', 'fp32' or 'bf16', got 'fp16'"),
+    ("proxy.n_head=3", "proxy.n_head must divide n_embd, got n_head=3, n_embd=64"),
+    ("proxy.n_head=0", "proxy.n_head must be at least 1, got 0"),
+    ("proxy.n_embd=0", "proxy.n_embd must be at least 1, got 0"),
+    ("proxy.seq_len=0", "proxy.seq_len must be at least 1, got 0"),
+    ("proxy.batch_size=0", "proxy.batch_size must be at least 1, got 0"),
+    ("proxy.warmup_steps=-1", "proxy.warmup_steps must be at least 0, got -1"),
+    ("proxy.lr=0", "proxy.lr must be positive, got 0.0"),
+    ("proxy.average_last=1.0", "proxy.average_last must be in [0, 1)"),
+    ("proxy.swarm=both", "proxy.swarm must be 'auto', 'stacked' or 'single', got 'both'"),
+    ('validate.model={schedule = "linear"}', "validate.model.schedule must be 'cosine' or 'wsd', got 'linear'"),
+    ('validate.model={precision = "fp16"}', "validate.model.precision must be 'auto', 'fp32' or 'bf16'"),
+    ("validate.model={n_head = 3}", "validate.model.n_head must divide n_embd, got n_head=3, n_embd=128"),
+    ("validate.model={steps = 0}", "validate.model.steps must be at least 1, got 0"),
+])
+def test_bad_model_settings_name_the_key(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert message in str(e.value)
+    if override.startswith("validate"):  # says where the larger model's values come from
+        assert "validate.width" in str(e.value)
+
+
+def test_config_and_cli_load_without_torch():
+    # `climb --help` and config checks start in a fraction of a second; torch takes about one.
+    code = ("import sys, climb.cli, climb.config; from proxies import GPTConfig, TrainConfig; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+    # proxies stands alone: it never imports climb.
+    for path in (REPO / "proxies").glob("*.py"):
+        assert not re.search(r"^\s*(from|import)\s+climb\b", path.read_text(), re.M), path

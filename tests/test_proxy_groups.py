@@ -1,6 +1,8 @@
 """How the search groups proxies into stacked models, and the fallback when stacking fails."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from climb import proxy, search
@@ -58,3 +60,11 @@ def test_group_falls_back_to_one_by_one(monkeypatch):
     monkeypatch.setattr(proxy, "train_and_score", lambda t: calls.append(t["mixture_id"]) or {"ok": t["mixture_id"]})
     recs = proxy.train_and_score_group([{"mixture_id": "a"}, {"mixture_id": "b"}])
     assert calls == ["a", "b"] and recs == [{"ok": "a"}, {"ok": "b"}]
+
+
+def test_builtin_trainer_takes_the_proxy_configs_builders():
+    pc = ProxyConfig(n_layer=3, n_head=4, n_embd=96, seq_len=64, tie_embeddings=False, steps=50, batch_size=8,
+                     lr=1e-3, warmup_steps=5, schedule="wsd", min_lr_ratio=0.2, average_last=0.25, precision="fp32")
+    mcfg, tcfg = proxy._configs(pc, SimpleNamespace(vocab_size=320))
+    assert mcfg == pc.model_config(320)
+    assert tcfg == pc.train_config(log_every=10**9)  # per-step logging off: a proxy logs one line when done

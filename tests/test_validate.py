@@ -208,7 +208,7 @@ def test_heldout_evaluation_of_a_built_in_model(tmp_path):
     ('validate.model={vocab_size = 64}', "may not set ['vocab_size']"),
     ('validate.model={n_layers = 4}', "unknown config key(s) ['n_layers'] in validate.model"),
     ('validate.model={lr = "fast"}', "validate.model.lr: expected float"),
-    ('validate.model={n_embd = 100, n_head = 3}', "must be a multiple of its n_head=3"),
+    ('validate.model={n_embd = 100, n_head = 3}', "validate.model.n_head must divide n_embd, got n_head=3, n_embd=100"),
     ('validate.baselines=["random"]', "validate.baselines: unknown ['random']"),
     ('validate.baselines=["one-shot"]', 'only a search with "one-shot"'),
 ])
