@@ -18,7 +18,7 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from climb.config import load_config
 from climb.embed import shard_name
-from climb.io import read_json
+from climb.files import read_json
 from climb.stage import RunPaths
 
 

@@ -72,7 +72,7 @@ def _warm_embed(ecfg) -> str:  # runs on each worker (pickled by value: defined 
 
 def _warm_proxy() -> int:
     import torch
-    import climb.proxy  # noqa: F401
+    import climb.proxy_runs  # noqa: F401
     torch.set_num_threads(1)
     return torch.get_num_threads()
 
@@ -142,7 +142,7 @@ def bench_embed(cfg, paths, results: list, details_common: dict) -> None:
 def bench_swarm(cfg, paths, n_proxies: int, results: list, details_common: dict, in_process: bool) -> None:
     from climb import cluster, search, tokenization
     from climb.executor import DaskExecutor, LocalExecutor
-    from climb.proxy import train_and_score
+    from climb.proxy_runs import train_and_score
     cluster.run(cfg, paths)
     tokenization.run(cfg, paths)
     tokens = tokenization.cluster_tokens(paths)

@@ -33,7 +33,7 @@ def main() -> None:
     from climb.config import load_config
     from climb.device import proxy_processes
     from climb.executor import make_executor
-    from climb.io import read_json
+    from climb.files import read_json
     from climb.search import compare, comparison_table
     from climb.stage import RunPaths
 

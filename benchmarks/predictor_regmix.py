@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from climb.gp import GPPredictor  # noqa: E402
 from climb.predictor import (BlendPredictor, LightGBMPredictor, LinearPredictor, make_predictor,  # noqa: E402
                              rank_metrics)
-from climb.swarm import read_swarm, target_values  # noqa: E402
+from climb.swarm_csv import read_swarm, target_values  # noqa: E402
 from climb.predictor_cli import evaluate  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "swarms" / "regmix"

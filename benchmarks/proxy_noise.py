@@ -51,7 +51,7 @@ def _init_worker() -> None:
 
 
 def _run(task: dict) -> dict:
-    from climb.proxy import train_and_score
+    from climb.proxy_runs import train_and_score
     return train_and_score(task)
 
 
@@ -86,7 +86,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
 
     from climb.config import load_config
-    from climb.search import _candidates, mixture_space, proxy_task
+    from climb.search import candidate_pool, mixture_space, proxy_task
     from climb.stage import RunPaths
     from proxies.tokens import TokenStore
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -97,7 +97,7 @@ def main(argv=None) -> None:
     paths = RunPaths(run)
     store = TokenStore(paths.tokenize.store)
     space = mixture_space(cfg, store.tokens.astype(np.int64))
-    swarm = _candidates(cfg, space, max(a.swarm * 20, 1000), cfg.search.seed)[: a.swarm]
+    swarm = candidate_pool(cfg, space, max(a.swarm * 20, 1000), cfg.search.seed)[: a.swarm]
     reps = [space["natural"], space["uniform"]] + list(swarm[: max(0, a.replicates - 2)])
     try:
         tech = cluster_label_shares(run)

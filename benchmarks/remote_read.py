@@ -8,7 +8,7 @@ The shards are read where they are on disk and put into a bucket of moto's S3
 server, started here in a process of its own on 127.0.0.1 (so it does not share
 this process's interpreter lock), reached through s3fs with credentials and
 endpoint from the environment as a user sets them. Each pass reads every shard
-with `climb.io.read_documents` (what `climb embed` iterates, batch_rows 2048),
+with `climb.files.read_documents` (what `climb embed` iterates, batch_rows 2048),
 resolving the files with the same glob a config would hold; local and S3 passes
 alternate after one warm-up pass each (the page cache and the server's memory
 both hot), and the median pass is reported. The figure is the reader's cost:
@@ -56,7 +56,7 @@ def start_server() -> tuple[subprocess.Popen, str]:
 
 
 def read_pass(pattern: str, shards: int, batch_rows: int) -> dict:
-    from climb.io import read_documents, resolve_corpus_files
+    from climb.files import read_documents, resolve_corpus_files
     t0 = time.perf_counter()
     docs = chars = 0
     for f in resolve_corpus_files([pattern], max_shards=shards):
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         "name": "remote_read", "ours": round(rate["s3"], 1), "baseline": round(rate["local"], 1),
         "unit": "docs/s", "ratio": round(rate["s3"] / rate["local"], 3),
         "details": {
-            "what": "climb.io.read_documents over every shard (embed's reader): ours = s3:// from moto's S3 "
+            "what": "climb.files.read_documents over every shard (embed's reader): ours = s3:// from moto's S3 "
                     "server on 127.0.0.1 through s3fs, baseline = local disk",
             "shards": len(shards), "docs": docs, "chars": passes["local"][0]["chars"], "file_bytes": nbytes,
             "mb_per_s_s3": round(nbytes / med["s3"] / 1e6, 1), "mb_per_s_local": round(nbytes / med["local"] / 1e6, 1),

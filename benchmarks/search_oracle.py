@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from climb.config import SearchConfig  # noqa: E402
 from climb.strategy import Strategy, from_search_config, simulate  # noqa: E402
-from climb.swarm import read_swarm, target_values  # noqa: E402
+from climb.swarm_csv import read_swarm, target_values  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "swarms" / "regmix"
 OUT = ROOT / "benchmarks" / "results" / "search_oracle.json"

@@ -34,16 +34,17 @@ sys.path.insert(0, str(ROOT))
 OUT = ROOT / "benchmarks" / "results" / "swarm_processes.json"
 
 
-def _tasks(run: Path, n: int) -> list[dict]:
+def _tasks(run: Path, n: int) -> list:
     from climb.config import load_config
-    from climb.search import _task
+    from climb.search import proxy_task
     from climb.stage import RunPaths
     cfg = load_config(run / "config.toml")
-    plan = json.loads((run / "search" / "plan_0.json").read_text())
+    paths = RunPaths(run)
+    plan = json.loads(paths.search.plan(0).read_text())
     mixtures = plan["mixtures"][:n]
     if len(mixtures) < n:
         raise SystemExit(f"{run}: plan_0.json holds {len(mixtures)} mixtures, fewer than --proxies {n}")
-    return [_task(cfg, RunPaths(run), f"bench-{j}", 0, m["weights"], cfg.search.seed) for j, m in enumerate(mixtures)]
+    return [proxy_task(cfg, paths, f"bench-{j}", 0, m["weights"], cfg.search.seed) for j, m in enumerate(mixtures)]
 
 
 def _child(mode: str, run: Path, n: int, processes: int, out: Path) -> None:
@@ -52,7 +53,7 @@ def _child(mode: str, run: Path, n: int, processes: int, out: Path) -> None:
     if mode == "serial":
         torch.set_num_threads(1)
     from climb.executor import LocalExecutor
-    from climb.proxy import train_and_score
+    from climb.proxy_runs import train_and_score
     tasks = _tasks(run, n)
     t0 = time.perf_counter()
     with LocalExecutor(processes if mode == "processes" else 1) as ex:

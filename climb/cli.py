@@ -51,7 +51,7 @@ def _stage_parser(sub, name: str, help_: str) -> argparse.ArgumentParser:
     return p
 
 
-def _config(args):
+def config_from_args(args):
     from .config import load_config
     ov = list(args.overrides)
     if args.executor:
@@ -70,7 +70,7 @@ def _config(args):
 
 def _run_stage(args) -> int:
     from .runlock import hold
-    cfg, run_dir = _config(args)
+    cfg, run_dir = config_from_args(args)
     # The lock first: a second process on the folder is refused before the heavy imports.
     with hold(run_dir):
         from . import pipeline
@@ -79,7 +79,7 @@ def _run_stage(args) -> int:
         elif args.command == "export" and args.weights:
             import json
             from . import export
-            from .io import InputError
+            from .files import InputError
             from .stage import RunPaths
             try:  # a file holding the weights, or the weights themselves (too long for a file name)
                 raw = Path(args.weights).read_text() if Path(args.weights).is_file() else args.weights
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     verbose = getattr(args, "verbose", 1)
     _setup_logging(verbose)
     from .config import ConfigError
-    from .io import InputError
+    from .files import InputError
     import threading
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None

@@ -24,11 +24,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .config import ClusterConfig, CorpusConfig, RunConfig
+from .config import ClusterConfig, CorpusConfig, RunConfig, digest
 from .embed import load_embeddings, load_ids
-from .io import InputError, read_aligned, write_json, write_parquet
+from .files import InputError, read_aligned, write_json, write_parquet
 from .kmeans import assign, train_kmeans
-from .stage import RunPaths, execute, stage_key, upstream_hash
+from .stage import RunPaths, execute, upstream_key
 
 log = logging.getLogger(__name__)
 SNIPPET = 240
@@ -207,7 +207,7 @@ def top_terms(samples: dict[int, list[str]], n_clusters: int, n_terms: int) -> l
 
 
 def key(cfg: RunConfig, paths: RunPaths) -> str:
-    return stage_key(upstream_hash(paths, "embed"), cfg.cluster, cfg.corpus.text_column)
+    return digest(upstream_key(paths, "embed"), cfg.cluster, cfg.corpus.text_column)
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:

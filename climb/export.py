@@ -1,4 +1,4 @@
-"""Stage 4, export: the optimised dataset as Parquet shards plus blend files.
+"""Stage 6, export: the optimised dataset as Parquet shards plus blend files.
 
 Documents are chosen per cluster in proportion to the final weights up to a
 token budget (proxy-tokenizer tokens, EOS included: every document counts its
@@ -44,11 +44,11 @@ import numpy as np
 import pyarrow as pa
 
 from .cluster import load_assignments
-from .config import CorpusConfig, RunConfig, without
-from .io import (InputError, file_stamp, is_url, local_path, read_aligned, read_json, strict_json, write_json,
+from .config import CorpusConfig, RunConfig, digest, without
+from .files import (InputError, file_stamp, is_url, local_path, read_aligned, read_json, strict_json, write_json,
                  write_parquet, write_text)
 from .mixture import check_weights
-from .stage import RunPaths, execute, stage_key, upstream_hash
+from .stage import RunPaths, execute, upstream_key
 
 log = logging.getLogger(__name__)
 
@@ -236,8 +236,8 @@ def check_destination(cfg: RunConfig, paths: RunPaths) -> None:
 def key(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> str:
     # Without a destination the key is what it was before the field existed.
     export_cfg = cfg.export if cfg.export.destination else without(cfg.export, "destination")
-    return stage_key(stage_key(upstream_hash(paths, "tokenize"), upstream_hash(paths, "search"), export_cfg,
-                               cfg.search.epoch_cap), weights)
+    return digest(digest(upstream_key(paths, "tokenize"), upstream_key(paths, "search"), export_cfg,
+                         cfg.search.epoch_cap), weights)
 
 
 def _listing(dest: str) -> dict[str, list]:

@@ -1,6 +1,6 @@
 """A proxy that looks a mixture up in a table of measured results instead of training.
 
-The table is a swarm in the CSV layout (`climb.swarm`): a weights file and a
+The table is a swarm in the CSV layout (`climb.swarm_csv`): a weights file and a
 metrics file joined on a key. A mixture is found by its weights (the nearest row
 in L1, which must be within `TOL`; columns named cluster_<i> are read in cluster
 order, others in file order); its metrics are every numeric, finite column of
@@ -28,11 +28,11 @@ import numpy as np
 import pandas as pd
 from scipy.spatial import cKDTree
 
-from .io import file_stamp
+from .files import file_stamp
 from .mixture import check_weights
-from .swarm import cluster_order, read_swarm
+from .swarm_csv import cluster_order, read_swarm
 
-TOL = 1e-6  # L1; rows read by climb.swarm are renormalised the same way, so a candidate matches exactly
+TOL = 1e-6  # L1; rows read by climb.swarm_csv are renormalised the same way, so a candidate matches exactly
 _TABLES: dict = {}
 
 
@@ -66,11 +66,11 @@ def table(weights_csv, metrics_csv, key: str = "index") -> LookupTable:
 
 
 def lookup_proxy(task) -> tuple[dict, int]:
-    """`climb.proxy` entry point for `proxy.lookup`: (metrics, tokens trained = 0)."""
-    from .io import InputError
-    pc = task.proxy
+    """`climb.proxy_runs` entry point for `proxy.lookup`: (metrics, tokens trained = 0)."""
+    from .files import InputError
+    proxy_cfg = task.proxy
     try:
-        t = table(pc.lookup_weights, pc.lookup, pc.lookup_key)
+        t = table(proxy_cfg.lookup_weights, proxy_cfg.lookup, proxy_cfg.lookup_key)
     except (ValueError, OSError) as e:  # the table itself is unusable: stop, as for any bad input
         raise InputError(f"proxy.lookup: {e}") from None
     return t.metrics(task.weights), 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .io import InputError
+from .files import InputError
 
 
 def _at(bad: np.ndarray, rows: bool, labels) -> str:

@@ -42,7 +42,7 @@ from .acquisition import ACQUISITIONS
 from .candidates import sample_candidates
 from .predictor import PREDICTORS, is_constant, make_predictor, rank_metrics
 from .strategy import Strategy, propose_next, row_index
-from .swarm import read_prior, read_swarm, read_weights, target_values, write_swarm
+from .swarm_csv import read_prior, read_swarm, read_weights, target_values, write_swarm
 
 log = logging.getLogger(__name__)
 MIN_ROWS = 2  # one row leaves nothing to compare

@@ -1,6 +1,6 @@
 """Corpora where they live: fsspec URLs in (s3://, gs://, hf://, http(s)://, memory://), object stores out.
 
-Local paths never come here: `climb.io.is_url` tells the two apart, and every
+Local paths never come here: `climb.files.is_url` tells the two apart, and every
 caller keeps its local code path exactly as it was. A URL is opened with fsspec;
 the filesystem of its protocol (s3fs, gcsfs, huggingface_hub, aiohttp for
 http) is imported when the first URL of that protocol is met, and credentials
@@ -38,7 +38,7 @@ from typing import IO, Callable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .io import InputError, check_columns
+from .files import InputError, check_columns
 
 STAGING = ".climb-tmp"
 # Read in blocks of this size: memory stays bounded however large a file is.

@@ -1,4 +1,4 @@
-"""Stage 5, report: one Markdown page with PNG plots, and `summary.json`.
+"""Stage 7, report: one Markdown page with PNG plots, and `summary.json`.
 
 Plots: cluster sizes, a 2-D map of the clusters (PCA of their centroids,
 sized by documents), objective by iteration, predicted vs measured, and the
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import RunConfig
-from .io import read_json, write_json
+from .config import RunConfig, digest
+from .files import read_json, write_json
 from .predictor import goal_sign
 from .search import read_results
-from .stage import RunPaths, execute, stage_key, upstream_hash
+from .stage import RunPaths, execute, upstream_key
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ def _validation(cfg: RunConfig, paths: RunPaths) -> tuple[dict | None, str]:
     from . import validate
     if not paths.manifest("validate").exists():
         return None, ""
-    vkey = upstream_hash(paths, "validate")
+    vkey = upstream_key(paths, "validate")
     if read_json(paths.manifest("validate")).get("hash") != validate.key(cfg, paths):
         log.info("report: validate/ is from another search or config; run `climb validate` to bring it up to date")
         return None, ""
@@ -245,7 +245,7 @@ def _validation(cfg: RunConfig, paths: RunPaths) -> tuple[dict | None, str]:
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
     validation, vkey = _validation(cfg, paths)
-    key = stage_key(upstream_hash(paths, "search"), cfg.name, *([vkey] if vkey else []))
+    key = digest(upstream_key(paths, "search"), cfg.name, *([vkey] if vkey else []))
     stats = execute(paths, "report", key, lambda out, ex: _report(cfg, paths, validation, out))
     if stats.get("skipped_stage"):
         print("\n" + summary_table(read_json(paths.report.summary)) + f"\n\nreport: {paths.report.page}\n")

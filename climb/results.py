@@ -23,7 +23,7 @@ import logging
 import os
 from pathlib import Path
 
-from .io import InputError, atomic_path, strict_json
+from .files import InputError, atomic_path, strict_json
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from .io import InputError, write_json
+from .files import InputError, write_json
 
 log = logging.getLogger(__name__)
 LOCK_NAME = ".climb.lock"

@@ -1,4 +1,4 @@
-"""Stage 3, search: the CLIMB loop over cluster mixtures.
+"""Stage 4, search: the CLIMB loop over cluster mixtures.
 
 Proxies train on the tokenize stage's per-cluster token store.
 
@@ -27,14 +27,14 @@ import math
 import numpy as np
 
 from . import results as results_log
-from .config import RunConfig, without
+from .config import RunConfig, digest, without
 from .device import proxy_processes
-from .io import InputError, read_json, write_json
+from .files import InputError, read_json, write_json
 from .predictor import goal_sign
 from .quality import (MIN_OOF_SPEARMAN, MIN_SNR, fmt_comparison, oof_spearman, paired_comparison, pooled_noise, snr,
                       warnings)
-from .proxy import ProxyTask, swarm_size, train_and_score, train_and_score_group
-from .stage import RunPaths, execute, stage_key, upstream_hash
+from .proxy_runs import ProxyTask, stack_size, train_and_score, train_and_score_group
+from .stage import RunPaths, execute, upstream_key
 from .tokenization import cluster_tokens
 
 log = logging.getLogger(__name__)
@@ -63,13 +63,14 @@ def _append(paths: RunPaths, rec: dict) -> None:
     results_log.append(paths.search.results, rec)
 
 
-def _candidates(cfg: RunConfig, space: dict, n: int, seed: int) -> np.ndarray:
+def candidate_pool(cfg: RunConfig, space: dict, n: int, seed: int) -> np.ndarray:
+    """n distinct Dirichlet mixtures around the natural shares, as search.* configures them."""
     from .candidates import sample_candidates
-    sc = cfg.search
+    search_cfg = cfg.search
     k = len(space["natural"])
     return sample_candidates(space["natural"], n, np.random.default_rng(seed),
-                             concentrations=tuple(c * k for c in sc.concentrations),
-                             temperature=sc.temperature, min_weight=sc.min_weight,
+                             concentrations=tuple(c * k for c in search_cfg.concentrations),
+                             temperature=search_cfg.temperature, min_weight=search_cfg.min_weight,
                              max_weight=space["max_weight"])
 
 
@@ -80,7 +81,7 @@ def fixed_candidates(cfg: RunConfig, space: dict) -> np.ndarray | None:
     that put weight on a cluster too small for one proxy sequence and exact repeats are
     dropped, and said so.
     """
-    from .swarm import cluster_order, read_weights
+    from .swarm_csv import cluster_order, read_weights
     if not cfg.search.candidates:
         return None
     path, k = cfg.search.candidates, len(space["natural"])
@@ -117,17 +118,19 @@ def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: 
     plan_file = paths.search.plan(it)
     if plan_file.exists():
         return read_json(plan_file)
-    sc = cfg.search
-    n = sc.iterations[it]
+    search_cfg = cfg.search
+    n = search_cfg.iterations[it]
     fixed = fixed_candidates(cfg, space)
-    pool = fixed if fixed is not None else _candidates(cfg, space, sc.pool_size if it else max(n * 20, 1000),
-                                                       sc.seed + 1000 * it)
+    pool = fixed if fixed is not None else candidate_pool(cfg, space,
+                                                       search_cfg.pool_size if it else max(n * 20, 1000),
+                                                       search_cfg.seed + 1000 * it)
     ok = _ok_sorted(seen)
     X = np.array([r["weights"] for r in ok]).reshape(len(ok), pool.shape[1])
     y = np.array([r["objective"] for r in ok])
     # A drawn pool is in random order already; a fixed one is sampled from at random.
-    idx, predicted = plan_indices(it, n, X, y, cfg.target.goal, pool, from_search_config(sc), sc.seed,
-                                  shuffle=fixed is not None, last=it == len(sc.iterations) - 1)
+    idx, predicted = plan_indices(it, n, X, y, cfg.target.goal, pool, from_search_config(search_cfg),
+                                  search_cfg.seed,
+                                  shuffle=fixed is not None, last=it == len(search_cfg.iterations) - 1)
     plan = {"iteration": it, "mixtures": [{"mixture_id": f"it{it}-{j:03d}", "weights": pool[i].tolist(),
                                            "predicted": p} for j, (i, p) in enumerate(zip(idx, predicted))]}
     write_json(plan_file, plan)
@@ -151,7 +154,7 @@ def run_proxies(cfg: RunConfig, ex, tasks: list[ProxyTask], desc: str, on_record
     at most `swarm_size` proxies, and into at least as many groups as the executor runs
     tasks at once, so no worker idles.
     """
-    size = swarm_size(cfg.proxy)
+    size = stack_size(cfg.proxy)
     if size <= 1 or len(tasks) < 2:
         return ex.map(train_and_score, tasks, desc=desc, resources={"GPU": 1}, on_result=on_record, parallel=True)
     per = max(1, min(size, math.ceil(len(tasks) / ex.slots({"GPU": 1}))))
@@ -172,18 +175,18 @@ def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | 
     """The mixture the results point to, by `search.final` (or `rule`, e.g. "predicted")."""
     from dataclasses import replace as dc_replace
     from .strategy import final_pick, from_search_config
-    sc = cfg.search
+    search_cfg = cfg.search
     ok = _ok_sorted(results)
     if len(ok) < 2:
         raise RuntimeError(f"only {len(ok)} proxies succeeded; see {len(results)} records in {source}")
     X = np.array([r["weights"] for r in ok])
     y = np.array([r["objective"] for r in ok])
     fixed = fixed_candidates(cfg, space)
-    pool = fixed if fixed is not None else _candidates(cfg, space, sc.pool_size, sc.seed + 99_991)
-    strategy = from_search_config(sc)
+    pool = fixed if fixed is not None else candidate_pool(cfg, space, search_cfg.pool_size, search_cfg.seed + 99_991)
+    strategy = from_search_config(search_cfg)
     if rule is not None:
         strategy = dc_replace(strategy, final=rule, final_top_k=1)
-    pick = final_pick(X, y, cfg.target.goal, pool, strategy, sc.seed)
+    pick = final_pick(X, y, cfg.target.goal, pool, strategy, search_cfg.seed)
     w = np.where(space["usable"], pick["weights"], 0.0)
     w /= w.sum()
     best_seen = ok[int(np.argmin(goal_sign(cfg.target.goal) * y))]
@@ -193,8 +196,8 @@ def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | 
 
 def key(cfg: RunConfig, paths: RunPaths) -> str:
     # A time limit or the retry rule changes how proxies run, not what they measure.
-    return stage_key(upstream_hash(paths, "tokenize"), without(cfg.proxy, "timeout_s"), cfg.target,
-                     without(cfg.search, "retry_failed"), cfg.export.token_budget)
+    return digest(upstream_key(paths, "tokenize"), without(cfg.proxy, "timeout_s"), cfg.target,
+                  without(cfg.search, "retry_failed"), cfg.export.token_budget)
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
@@ -206,19 +209,19 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
 
 
 def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
-    sc = cfg.search
+    search_cfg = cfg.search
     oof: list = []
     results_log.repair(paths.search.results)
     space = mixture_space(cfg, cluster_tokens(paths))
     results = read_results(paths)
-    done = {r["mixture_id"] for r in results if not results_log.retry(r, sc.retry_failed)}
-    for it in range(len(sc.iterations)):
+    done = {r["mixture_id"] for r in results if not results_log.retry(r, search_cfg.retry_failed)}
+    for it in range(len(search_cfg.iterations)):
         plan = plan_iteration(cfg, paths, it, space, [r for r in results if r["iteration"] < it])
         todo = [m for m in plan["mixtures"] if m["mixture_id"] not in done]
         if todo:
-            log.info("search iteration %d/%d: %d proxies (%d already done)", it + 1, len(sc.iterations),
+            log.info("search iteration %d/%d: %d proxies (%d already done)", it + 1, len(search_cfg.iterations),
                      len(todo), len(plan["mixtures"]) - len(todo))
-        tasks = [proxy_task(cfg, paths, m["mixture_id"], it, m["weights"], sc.seed) for m in todo]
+        tasks = [proxy_task(cfg, paths, m["mixture_id"], it, m["weights"], search_cfg.seed) for m in todo]
         run_proxies(cfg, ex, tasks, f"proxies it{it + 1}", lambda i, rec: _append(paths, rec))
         results = read_results(paths)  # the file is the record: CSVs, manifest and report agree with it
         results_log.require_successes(results, 1)
@@ -243,7 +246,7 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
                                       "uniform": space["uniform"].tolist(), "max_weight": space["max_weight"].tolist(),
                                       "goal": cfg.target.goal, "objective": list(cfg.target.objective)})
     mixtures = {"climb": final["weights"], "uniform": space["uniform"], "natural": space["natural"]}
-    if "one-shot" in sc.baselines:
+    if "one-shot" in search_cfg.baselines:
         mixtures["one-shot"] = one_shot(cfg, paths, ex, space, results)
     runs = compare(cfg, paths, ex, mixtures)
     if all(r["status"] != "ok" for per in runs.values() for r in per.values()):
@@ -281,13 +284,14 @@ def _oof(cfg: RunConfig, results: list[dict]) -> float | None:
 def replicates(cfg: RunConfig, paths: RunPaths, ex, results: list[dict]) -> dict:
     """Retrain the first `search.replicates` mixtures of iteration 1 with `replicate_seeds` more
     seeds; returns {mixture_id: {seed: objective}} including the search's own seed."""
-    sc = cfg.search
+    search_cfg = cfg.search
     out_file = paths.search.replicates
     have = read_json(out_file) if out_file.exists() else {}
-    first = sorted((r for r in results if r["iteration"] == 0), key=lambda r: r["mixture_id"])[: sc.replicates]
-    seeds = [sc.seed + 1 + s for s in range(sc.replicate_seeds)]
+    first = sorted((r for r in results if r["iteration"] == 0),
+                   key=lambda r: r["mixture_id"])[: search_cfg.replicates]
+    seeds = [search_cfg.seed + 1 + s for s in range(search_cfg.replicate_seeds)]
     todo = [(r, s) for r in first for s in seeds
-            if results_log.retry(have.get(f"{r['mixture_id']}/{s}"), sc.retry_failed)]
+            if results_log.retry(have.get(f"{r['mixture_id']}/{s}"), search_cfg.retry_failed)]
     tasks = [proxy_task(cfg, paths, f"{r['mixture_id']}-seed{s}", 0, r["weights"], s) for r, s in todo]
 
     def keep(i: int, rec: dict) -> None:
@@ -297,7 +301,7 @@ def replicates(cfg: RunConfig, paths: RunPaths, ex, results: list[dict]) -> dict
         run_proxies(cfg, ex, tasks, "replicate seeds", keep)
     table = {}
     for r in first:
-        row = {sc.seed: r["objective"]}
+        row = {search_cfg.seed: r["objective"]}
         row.update({s: have[f"{r['mixture_id']}/{s}"]["objective"] for s in seeds})
         table[r["mixture_id"]] = row
     return table
@@ -323,19 +327,20 @@ def one_shot(cfg: RunConfig, paths: RunPaths, ex, space: dict, results: list[dic
     (the first ones are iteration 1's, already trained), the predictor fitted once, and the best
     predicted mixture of a fresh pool taken, whatever `search.final` says for climb's own pick.
     With `search.candidates`, the mixtures and the pick come from the candidate set."""
-    sc = cfg.search
-    total = sum(sc.iterations)
+    search_cfg = cfg.search
+    total = sum(search_cfg.iterations)
     fixed = fixed_candidates(cfg, space)
     if fixed is None:
-        pool = _candidates(cfg, space, max(total * 20, 1000), sc.seed)[:total]
+        pool = candidate_pool(cfg, space, max(total * 20, 1000), search_cfg.seed)[:total]
     else:  # iteration 1's random draw from the candidates (climb.strategy.plan, seed + 0), continued
-        pool = fixed[np.random.default_rng(sc.seed).permutation(len(fixed))[:total]]
+        pool = fixed[np.random.default_rng(search_cfg.seed).permutation(len(fixed))[:total]]
     trained = {r["mixture_id"]: r for r in results if r["iteration"] == 0}
     out_file = paths.search.one_shot
     have = read_json(out_file) if out_file.exists() else {}
     todo = [j for j in range(len(pool))
-            if f"it0-{j:03d}" not in trained and results_log.retry(have.get(f"oneshot-{j:03d}"), sc.retry_failed)]
-    tasks = [proxy_task(cfg, paths, f"oneshot-{j:03d}", -2, pool[j], sc.seed) for j in todo]
+            if f"it0-{j:03d}" not in trained
+            and results_log.retry(have.get(f"oneshot-{j:03d}"), search_cfg.retry_failed)]
+    tasks = [proxy_task(cfg, paths, f"oneshot-{j:03d}", -2, pool[j], search_cfg.seed) for j in todo]
 
     def keep(i: int, rec: dict) -> None:
         have[f"oneshot-{todo[i]:03d}"] = rec
@@ -392,7 +397,7 @@ def comparison_table(cfg: RunConfig, runs: dict) -> tuple[dict, dict]:
 
 
 def _write_swarm_csv(paths: RunPaths, results: list[dict]) -> None:
-    from .swarm import write_swarm
+    from .swarm_csv import write_swarm
     ok = _ok_sorted(results)
     if not ok:
         return

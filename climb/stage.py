@@ -12,6 +12,15 @@ file removed) is taken away with the manifest, so the stage resumes and its
 producer writes that file again; a stage reading the outputs of an earlier one
 first checks them the same way and, if one is damaged, stops with a message
 naming the file and the command that re-creates it.
+
+Every stage runs inside `execute`: key, skip, begin (or resume), its own work over
+the executor, finish. Its tasks are frozen dataclasses. Inside a stage, work resumes
+task by task by one rule: a task writes each output whole (a temporary name renamed
+into place) and its last output marks it complete; a task that finds its outputs in
+place returns what they record instead of running again (an embedding shard's
+`.npy` and `.ids.parquet`, a fine-assignment file, a token-store part's `done.json`,
+a proxy's record in an append-only results log). Tasks that cost little to redo (the
+cluster summary, export shards) run again whole.
 """
 from __future__ import annotations
 
@@ -21,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import RunConfig, section_hash, to_toml
-from .io import InputError, atomic_path, read_json, resolve_corpus_files, write_json
+from .config import RunConfig, digest, to_toml
+from .files import InputError, atomic_path, read_json, resolve_corpus_files, write_json
 
 log = logging.getLogger(__name__)
 STAGES = ("embed", "cluster", "tokenize", "search", "validate", "export", "report")
@@ -305,8 +314,10 @@ def _describe(paths: RunPaths, stage: str, bad: list[str]) -> str:
     return f"{first} is {state} since `climb {stage}` wrote it{more}"
 
 
-def upstream_hash(paths: RunPaths, stage: str) -> str:
-    """The manifest hash of an earlier stage, after checking its outputs are as it left them."""
+def upstream_key(paths: RunPaths, stage: str) -> str:
+    """The key a later stage takes from an earlier one: the hash in its manifest (with the
+    content digest of a repair that changed its outputs), after checking its outputs are
+    as it left them."""
     m = paths.manifest(stage)
     if not m.exists():
         raise FileNotFoundError(f"stage {stage!r} has not run in {paths.root}; run `climb {stage}` first")
@@ -319,11 +330,7 @@ def upstream_hash(paths: RunPaths, stage: str) -> str:
         raise InputError(f"{_describe(paths, stage, bad)}; run `climb {stage}` (same --config and --run) "
                          "to re-create it")
     # A repair that changed what the stage produced (see finish) changes what later stages key on.
-    return stage_key(manifest["hash"], manifest["content"]) if manifest.get("content") else manifest["hash"]
-
-
-def stage_key(*parts: Any) -> str:
-    return section_hash(*parts)
+    return digest(manifest["hash"], manifest["content"]) if manifest.get("content") else manifest["hash"]
 
 
 def is_done(paths: RunPaths, stage: str, key: str, keep: tuple[str, ...] = (),
@@ -385,7 +392,7 @@ def begin(paths: RunPaths, stage: str, key: str, keep_on_change: bool = False) -
     return d
 
 
-def _digest(folder: Path, files: tuple[str, ...]) -> str | None:
+def _files_digest(folder: Path, files: tuple[str, ...]) -> str | None:
     import hashlib
     if not files:
         return None
@@ -406,17 +413,17 @@ def finish(paths: RunPaths, stage: str, key: str, stats: dict, started: float,
     """
     stats = dict(stats, seconds=round(time.time() - started, 3))
     folder = paths.root / stage
-    digest = _digest(folder, digest_files)
+    files_digest = _files_digest(folder, digest_files)
     state = read_json(folder / "state.json") if (folder / "state.json").exists() else {}
     content = None
     if "repairing" in state:
         before = state["repairing"]
-        content = before.get("content") if digest == before.get("digest") else digest
+        content = before.get("content") if files_digest == before.get("digest") else files_digest
         if content != before.get("content"):
             log.warning("%s: the re-created outputs differ from the previous ones; later stages run again", stage)
         write_json(folder / "state.json", {"hash": key})
     manifest = {"stage": stage, "hash": key, "stats": stats, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "digest": digest, "outputs": output_fingerprints(folder)}
+                "digest": files_digest, "outputs": output_fingerprints(folder)}
     if content:
         manifest["content"] = content
     write_json(paths.manifest(stage), manifest)

@@ -64,10 +64,11 @@ class Strategy:
             raise ValueError(f"unknown final pick {self.final!r}; choose one of: {', '.join(FINALS)}")
 
 
-def from_search_config(sc) -> Strategy:
+def from_search_config(search_cfg) -> Strategy:
     """The strategy a `SearchConfig` describes."""
-    return Strategy(predictor=sc.predictor, acquisition=sc.acquisition, explore_frac=sc.explore_frac,
-                    final=sc.final, final_top_k=sc.final_top_k, min_l1=sc.dedup_l1, exploit_last=sc.exploit_last)
+    return Strategy(predictor=search_cfg.predictor, acquisition=search_cfg.acquisition,
+                    explore_frac=search_cfg.explore_frac, final=search_cfg.final, final_top_k=search_cfg.final_top_k,
+                    min_l1=search_cfg.dedup_l1, exploit_last=search_cfg.exploit_last)
 
 
 def row_index(rows: np.ndarray, pool: np.ndarray, tol: float = 1e-9) -> np.ndarray:

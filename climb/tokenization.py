@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import CorpusConfig, RunConfig
-from .io import fingerprint, read_aligned, read_documents
-from .stage import RunPaths, execute, stage_key, upstream_hash
+from .config import CorpusConfig, RunConfig, digest
+from .files import fingerprint, read_aligned, read_documents
+from .stage import RunPaths, execute, upstream_key
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +74,11 @@ def tokenizer_texts(cfg: RunConfig, files: list[Path | str]) -> list[str]:
 
 
 def key(cfg: RunConfig, paths: RunPaths) -> str:
-    pc = cfg.proxy
-    given = fingerprint([pc.tokenizer]) if pc.tokenizer else None
-    return stage_key(upstream_hash(paths, "cluster"), cfg.corpus.text_column, cfg.corpus.id_column,
-                     {"tokenizer": pc.tokenizer, "vocab_size": pc.vocab_size, "tokenizer_docs": pc.tokenizer_docs},
-                     given)
+    proxy_cfg = cfg.proxy
+    given = fingerprint([proxy_cfg.tokenizer]) if proxy_cfg.tokenizer else None
+    return digest(upstream_key(paths, "cluster"), cfg.corpus.text_column, cfg.corpus.id_column,
+                  {"tokenizer": proxy_cfg.tokenizer, "vocab_size": proxy_cfg.vocab_size,
+                   "tokenizer_docs": proxy_cfg.tokenizer_docs}, given)
 
 
 def cluster_tokens(paths: RunPaths) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Stage 4 (optional), validate: does the mixture transfer to a larger model?
+"""Stage 5 (optional), validate: does the mixture transfer to a larger model?
 
 The search judges mixtures with small proxies. This stage trains a larger model
 (`[validate]`: the proxy's width, depth and tokens multiplied, or any [proxy]
@@ -29,12 +29,12 @@ import logging
 import numpy as np
 
 from . import results as results_log
-from .config import RunConfig, TargetConfig, check_validation_trains, validation_model, without
+from .config import RunConfig, TargetConfig, check_validation_trains, digest, validation_model, without
 from .device import proxy_processes
-from .io import InputError, read_json, write_json
+from .files import InputError, read_json, write_json
 from .predictor import goal_sign
 from .quality import fmt_comparison, paired_comparison, rank_transfer
-from .stage import RunPaths, execute, stage_key, upstream_hash
+from .stage import RunPaths, execute, upstream_key
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,8 @@ def read_results(paths: RunPaths) -> list[dict]:
 def key(cfg: RunConfig, paths: RunPaths) -> str:
     model = validation_model(cfg)
     # Whether `climb run` validates, a time limit, the retry rule: how it runs, not what it measures.
-    return stage_key(upstream_hash(paths, "search"), without(model, "timeout_s"), cfg.target,
-                     without(cfg.validate, "enabled"))
+    return digest(upstream_key(paths, "search"), without(model, "timeout_s"), cfg.target,
+                  without(cfg.validate, "enabled"))
 
 
 def heldout_target(cfg: RunConfig) -> TargetConfig | None:
@@ -213,18 +213,18 @@ def summarize(cfg: RunConfig, paths: RunPaths, p: dict, records: list[dict], mod
             "rank": out_rank, "points": points}
 
 
-def _param_count(pc, paths: RunPaths) -> int | None:
+def _param_count(proxy_cfg, paths: RunPaths) -> int | None:
     """Parameters of the built-in model at these settings (None for an external trainer)."""
-    if pc.command:
+    if proxy_cfg.command:
         return None
     import torch
     from proxies.model import GPT
     from proxies.tokenizer import load_tokenizer
-    from .proxy import _configs
+    from .proxy_runs import proxy_configs
     tok = paths.tokenize.tokenizer
     if not tok.exists():
         return None
-    mcfg, _ = _configs(pc, load_tokenizer(tok))
+    mcfg, _ = proxy_configs(proxy_cfg, load_tokenizer(tok))
     with torch.device("meta"):
         return int(sum(p.numel() for p in GPT(mcfg).parameters()))
 

@@ -13,7 +13,7 @@ import pytest
 import zstandard
 
 from climb.config import ClusterConfig, CorpusConfig, RunConfig
-from climb.io import InputError, read_documents, resolve_corpus_files
+from climb.files import InputError, read_documents, resolve_corpus_files
 from climb.mixture import check_weights
 from climb.stage import RunPaths
 

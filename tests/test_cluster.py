@@ -258,7 +258,7 @@ def test_prune_small_clusters(tmp_path, corpus, fake_model):
 
 
 def test_prune_small_clusters_all_too_small(tmp_path, corpus, fake_model):
-    from climb.io import InputError
+    from climb.files import InputError
     with pytest.raises(InputError, match=r"cluster\.min_cluster_size=1000"):
         _run(tmp_path / "run", _cfg(corpus, k=3, min_cluster_size=1000))
 

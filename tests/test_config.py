@@ -1,4 +1,4 @@
-"""climb.config: loading TOML, --set overrides, validation, to_toml round trip, section_hash."""
+"""climb.config: loading TOML, --set overrides, validation, to_toml round trip, digest."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from climb.config import (ClusterConfig, ConfigError, CorpusConfig, ProxyConfig, RunConfig, SearchConfig,
-                          TargetConfig, _build, load_config, section_hash, to_dict, to_toml)
+                          TargetConfig, _build, load_config, digest, to_dict, to_toml)
 from proxies.config import GPTConfig, TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -178,21 +178,21 @@ def test_shipped_pipelines_load_and_roundtrip(pipeline, tmp_path):
 
 def test_section_hash_stable_and_sensitive():
     a = ClusterConfig(k=8)
-    h = section_hash(a)
+    h = digest(a)
     assert len(h) == 16 and int(h, 16) >= 0
-    assert section_hash(ClusterConfig(k=8)) == h  # equal config -> equal hash
-    assert section_hash(ClusterConfig(k=9)) != h
-    assert section_hash(dataclasses.replace(a, min_quality=0.5)) != h
-    assert section_hash(dataclasses.replace(a, quality_column="q")) != h
+    assert digest(ClusterConfig(k=8)) == h  # equal config -> equal hash
+    assert digest(ClusterConfig(k=9)) != h
+    assert digest(dataclasses.replace(a, min_quality=0.5)) != h
+    assert digest(dataclasses.replace(a, quality_column="q")) != h
     # Several parts: order and every part matter; plain data works too.
     b = CorpusConfig()
-    assert section_hash(a, b) == section_hash(ClusterConfig(k=8), CorpusConfig())
-    assert section_hash(a, b) != section_hash(b, a)
-    assert section_hash(a, "text") != section_hash(a, "content")
-    assert section_hash({"x": 1, "y": 2}) == section_hash({"y": 2, "x": 1})
+    assert digest(a, b) == digest(ClusterConfig(k=8), CorpusConfig())
+    assert digest(a, b) != digest(b, a)
+    assert digest(a, "text") != digest(a, "content")
+    assert digest({"x": 1, "y": 2}) == digest({"y": 2, "x": 1})
     # Stable across a save/load of the whole config.
     cfg = load_config(None, ["cluster.k=8"])
-    assert section_hash(cfg.cluster, cfg.corpus) == section_hash(a, b)
+    assert digest(cfg.cluster, cfg.corpus) == digest(a, b)
 
 
 # [proxy] settings that are the proxy model's (GPTConfig) or trainer's (TrainConfig),
@@ -204,7 +204,7 @@ SHARED = {"n_layer": 3, "n_head": 4, "n_embd": 96, "seq_len": 64, "tie_embedding
 
 def test_proxy_section_hash_is_pinned():
     # Run folders key on this hash: a change would train every proxy of a finished search again.
-    assert section_hash(ProxyConfig()) == "20eeb4c91c2fa791"
+    assert digest(ProxyConfig()) == "20eeb4c91c2fa791"
     assert to_dict(ProxyConfig()) == {
         "tokenizer": "", "vocab_size": 4096, "tokenizer_docs": 4000, "n_layer": 2, "n_head": 2, "n_embd": 64,
         "seq_len": 128, "steps": 200, "batch_size": 16, "lr": 0.003, "warmup_steps": 20, "schedule": "cosine",
@@ -212,7 +212,7 @@ def test_proxy_section_hash_is_pinned():
         "common_streams": True, "device": "auto", "precision": "auto", "swarm": "auto", "swarm_size": 0,
         "command": "", "timeout_s": 0.0, "lookup": "", "lookup_weights": "", "lookup_key": "index"}
     cfg = load_config(None, [f"proxy.{k}={json.dumps(v)}" for k, v in SHARED.items()])
-    assert section_hash(cfg.proxy) == "63f93a5763148c43"
+    assert digest(cfg.proxy) == "63f93a5763148c43"
 
 
 def test_proxy_shares_the_model_and_trainer_fields():

@@ -17,7 +17,7 @@ import pytest
 
 from climb import cluster, pipeline, tokenization
 from climb.config import load_config
-from climb.io import InputError
+from climb.files import InputError
 from climb.stage import RunPaths
 
 
@@ -75,21 +75,21 @@ def test_deleted_assignment_file_runs_cluster_again(clustered):
 
 
 def test_repair_that_changes_clusters_changes_what_later_stages_key_on(clustered):
-    from climb.stage import upstream_hash
+    from climb.stage import upstream_key
     cfg, paths = clustered
-    key = upstream_hash(paths, "cluster")
+    key = upstream_key(paths, "cluster")
     summary = paths.root / "cluster" / "clusters.json"
     data = json.loads(summary.read_text())
     data["clusters"][0]["docs"] += 1  # as if k-means had come out differently
     summary.write_text(json.dumps(data))
     pipeline.run_stage("cluster", cfg, paths.root)  # summary changed: cluster runs again ...
-    assert upstream_hash(paths, "cluster") == key  # ... and reproduces it
+    assert upstream_key(paths, "cluster") == key  # ... and reproduces it
     manifest = json.loads(paths.manifest("cluster").read_text())
     manifest["digest"] = "0" * 16  # a repair that did not reproduce the previous digest
     paths.manifest("cluster").write_text(json.dumps(manifest))
     os.utime(summary, ns=(0, 0))
     pipeline.run_stage("cluster", cfg, paths.root)
-    assert upstream_hash(paths, "cluster") != key
+    assert upstream_key(paths, "cluster") != key
 
 
 def test_doubled_token_part_is_tokenized_again(tmp_path):

@@ -42,7 +42,7 @@ import pytest
 from climb import executor, pipeline, search
 from climb.config import ConfigError, load_config
 from climb.executor import DaskExecutor, LocalExecutor
-from climb.proxy import train_and_score
+from climb.proxy_runs import train_and_score
 from climb.stage import RunPaths
 
 from conftest import vocab_docs, write_parquet_shards
@@ -62,7 +62,7 @@ def _env() -> dict:
 
 
 # ------------------------------------------------------------------ configs and runs
-def _config(corpus: Path, *extra: str, command: str | None = None):
+def config_from_args(corpus: Path, *extra: str, command: str | None = None):
     command = command or f"{sys.executable} {HELPER} {{weights}} {{out}}"
     return load_config(None, [
         f'corpus.paths=["{corpus}/*.parquet"]', "embed.max_seq_length=32", "embed.batch_size=16",
@@ -90,7 +90,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def local_run(corpus, tmp_path_factory):
     """The undisturbed in-process run every Dask run is compared with."""
-    return _run(_config(corpus), tmp_path_factory.mktemp("local") / "run")
+    return _run(config_from_args(corpus), tmp_path_factory.mktemp("local") / "run")
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def _files(root: Path, pattern: str) -> list[str]:
 
 # ------------------------------------------------------------------ same answer
 def test_dask_run_equals_local_run(corpus, local_run, shared_clusters, tmp_path):
-    cfg = _config(corpus, 'executor.kind="dask"', "executor.dask_workers=2", "executor.dask_threads_per_worker=1")
+    cfg = config_from_args(corpus, 'executor.kind="dask"', "executor.dask_workers=2", "executor.dask_threads_per_worker=1")
     dask_run = _run(cfg, tmp_path / "run")
     a, b = local_run.root, dask_run.root
     # embed: identical vectors and ids per shard
@@ -362,7 +362,7 @@ def test_killed_worker_mid_search(corpus, local_run, dask_processes, tmp_path):
     dask_processes.worker("w1")
     dask_processes.wait_for_workers(2)
     command, log = _slow_command(tmp_path, 0.4)
-    cfg = _config(corpus, f'executor.dask_address="{address}"', command=command)
+    cfg = config_from_args(corpus, f'executor.dask_address="{address}"', command=command)
     # Same corpus, embeddings and clusters as the undisturbed run; the search runs on the workers.
     paths = RunPaths(tmp_path / "run")
     paths.save_config(cfg)
@@ -450,14 +450,14 @@ def test_gpu_worker_lost_falls_back(dask_processes, tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ configuration
 def test_cli_executor_options():
-    from climb.cli import _config, build_parser
+    from climb.cli import config_from_args, build_parser
     args = build_parser().parse_args(["cluster", "--config", "pipelines/demo.toml", "--executor", "dask",
                                       "--dask-workers", "3"])
-    cfg, _ = _config(args)
+    cfg, _ = config_from_args(args)
     assert (cfg.executor.kind, cfg.executor.dask_workers, cfg.executor.dask_address) == ("dask", 3, "")
     args = build_parser().parse_args(["run", "--config", "pipelines/demo.toml", "--dask-address",
                                       "tcp://10.0.0.5:8786"])
-    cfg, _ = _config(args)
+    cfg, _ = config_from_args(args)
     assert (cfg.executor.kind, cfg.executor.dask_address) == ("dask", "tcp://10.0.0.5:8786")
     assert isinstance(executor.make_executor(cfg.executor), DaskExecutor)
     assert isinstance(executor.make_executor(load_config(None).executor), LocalExecutor)

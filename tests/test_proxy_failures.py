@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from climb import pipeline, proxy, search, tokenization
+from climb import pipeline, proxy_runs, search, tokenization
 from climb.cli import main
 from climb.runlock import INFO_NAME
 from scripted_run import alive, cli, notes, prepare, script
@@ -83,7 +83,7 @@ def test_interrupt_kills_the_trainer_group(tmp_path, monkeypatch):
         raise KeyboardInterrupt
     monkeypatch.setattr(subprocess.Popen, "communicate", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        proxy.run_command(f"sleep 600 & echo $! > {marker}; wait", timeout_s=0)
+        proxy_runs.run_command(f"sleep 600 & echo $! > {marker}; wait", timeout_s=0)
     monkeypatch.setattr(subprocess.Popen, "communicate", real)
     child = int(marker.read_text())
     _wait(lambda: not alive(child), "the trainer's child to die", timeout=10)
@@ -101,9 +101,9 @@ def _builtin_tasks(cfg, paths, n: int, timeout_s: float):
 def test_builtin_trainer_stops_at_its_deadline(tmp_path, monkeypatch):
     cfg, paths, _, _ = prepare(tmp_path, monkeypatch)
     t0 = time.time()
-    rec = proxy.train_and_score(_builtin_tasks(cfg, paths, 1, 0.5)[0])
+    rec = proxy_runs.train_and_score(_builtin_tasks(cfg, paths, 1, 0.5)[0])
     assert rec["status"] == "failed" and "TrainingTimeout" in rec["error"]
-    recs = proxy.train_and_score_group(_builtin_tasks(cfg, paths, 2, 0.5))  # 2 x 0.5 s for the stacked pair
+    recs = proxy_runs.train_and_score_group(_builtin_tasks(cfg, paths, 2, 0.5))  # 2 x 0.5 s for the stacked pair
     assert [r["status"] for r in recs] == ["failed", "failed"] and all("TrainingTimeout" in r["error"] for r in recs)
     assert time.time() - t0 < 30  # 50,000 steps would take minutes
 

@@ -1,4 +1,4 @@
-"""climb.remote through climb.io: corpora at URLs read exactly as local files are.
+"""climb.remote through climb.files: corpora at URLs read exactly as local files are.
 
 memory:// for the unit tests (no server), http:// through a local `http.server`
 with byte ranges (tests/stores.py). The S3 server tests are in test_remote_s3.py.
@@ -20,9 +20,9 @@ import zstandard
 from climb import remote
 from climb.cli import main
 from climb.config import TargetConfig
-from climb.io import InputError, fingerprint, is_url, read_documents, resolve_corpus_files, write_parquet
+from climb.files import InputError, fingerprint, is_url, read_documents, resolve_corpus_files, write_parquet
 from stores import http_root, upload  # noqa: F401 - a fixture
-from test_io import _read_all  # every batch of a file, joined
+from test_files import _read_all  # every batch of a file, joined
 
 DOCS = [{"id": f"d{i}", "text": f"document number {i} — naïve café ✓", "score": i / 10} for i in range(7)]
 DOCS[3]["text"] = "   "  # skipped as empty, and counted, on both sides
@@ -153,7 +153,7 @@ def test_missing_package_names_the_extra():
 
 
 def test_target_texts_and_tasks_at_urls(tmp_path, mem):
-    from climb.proxy import load_target
+    from climb.proxy_runs import load_target
     fs, root = mem
     (tmp_path / "held.jsonl").write_bytes(_encode("held.jsonl"))
     task = [{"query": "Question: 2+2?", "choices": ["4", "5"], "gold": 0}, {"context": "a b", "continuation": " c"}]

@@ -30,7 +30,7 @@ import climb.embed
 from climb import executor, pipeline
 from climb.cli import main
 from climb.config import load_config, to_toml
-from climb.io import InputError
+from climb.files import InputError
 from climb.stage import RunPaths
 from conftest import FakeModel, vocab_docs, write_parquet_shards
 from stores import s3, s3_server, upload, use_s3  # noqa: F401 - fixtures

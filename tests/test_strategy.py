@@ -140,14 +140,14 @@ def test_lookup_as_proxy_command(tmp_path):
 
 def test_lookup_proxy_record(tmp_path):
     from climb.config import ProxyConfig, TargetConfig
-    from climb.proxy import ProxyTask, swarm_size, train_and_score
+    from climb.proxy_runs import ProxyTask, stack_size, train_and_score
     w, m, y = _table(tmp_path)
     W = LookupTable(w, m).swarm.weights
     pc = ProxyConfig(lookup=str(m), lookup_weights=str(w))
     task = ProxyTask(mixture_id="a", iteration=0, seed=0, weights=tuple(W[2].tolist()), tokens_dir="", run_dir="",
                      proxy=pc, target=TargetConfig(objective=("loss",)))
     rec = train_and_score(task)
-    assert rec["status"] == "ok" and rec["objective"] == pytest.approx(y[2]) and swarm_size(pc) == 1
+    assert rec["status"] == "ok" and rec["objective"] == pytest.approx(y[2]) and stack_size(pc) == 1
     rec = train_and_score(dataclasses.replace(task, weights=(0.25,) * 4))
     assert rec["status"] == "failed" and "not in" in rec["error"]  # failed like a proxy, the search goes on
     via_cmd = ProxyConfig(command=f"{sys.executable} -m climb.lookup --weights {w} --metrics {m} {{weights}} {{out}}")

@@ -184,7 +184,7 @@ def test_heldout_evaluation_of_a_built_in_model(tmp_path):
     from proxies.model import GPT, GPTConfig
     from proxies.tokenizer import train_bpe
     from climb.config import ProxyConfig, TargetConfig
-    from climb.proxy import ProxyTask, evaluate_task_metrics
+    from climb.proxy_runs import ProxyTask, evaluate_task_metrics
     texts = [f"the quick brown fox {i} jumps over the lazy dog" for i in range(50)]
     tok = train_bpe(texts, 320, tmp_path / "tok.json")
     (tmp_path / "target.jsonl").write_text(json.dumps({"text": texts[0]}) + "\n")

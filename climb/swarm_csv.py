@@ -19,7 +19,7 @@ Choices, so that errors are loud rather than silently shrinking a swarm:
 - metrics stay a pandas DataFrame aligned with the rows; NaN in a metric is only an
   error for the column asked for (`target_values`, or `read_swarm(..., target=)`).
 
-    from climb.swarm import read_swarm, target_values
+    from climb.swarm_csv import read_swarm, target_values
     s = read_swarm("W.csv", "M.csv", key="index")
     y = target_values(s, "metric/the_pile_pile_cc_val_loss")
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .io import atomic_path
+from .files import atomic_path
 from .mixture import check_weights
 
 log = logging.getLogger(__name__)

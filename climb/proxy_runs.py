@@ -41,7 +41,7 @@ import numpy as np
 
 from .config import ProxyConfig, TargetConfig
 from .device import resolve_device
-from .io import InputError, fingerprint, is_url, read_documents, resolve_corpus_files
+from .files import InputError, fingerprint, is_url, read_documents, resolve_corpus_files
 from .mixture import check_weights
 
 log = logging.getLogger(__name__)
@@ -62,20 +62,21 @@ class ProxyTask:
     heldout: TargetConfig | None = None  # evaluations scored beside the target, as heldout/<metric>
 
 
-def load_target(tc: TargetConfig, run_dir: Path) -> dict:
+def load_target(target_cfg: TargetConfig, run_dir: Path) -> dict:
     """Target texts and task items, cached per process (Dask workers reuse them)."""
-    key = ("target", json.dumps([tc.texts, tc.text_column, sorted(tc.tasks.items()), tc.task_limit]), str(run_dir),
-           tuple(_stamp(f) for f in resolve_corpus_files(tc.texts, run_dir)) if tc.texts else ())
+    what = [target_cfg.texts, target_cfg.text_column, sorted(target_cfg.tasks.items()), target_cfg.task_limit]
+    key = ("target", json.dumps(what), str(run_dir),
+           tuple(_stamp(f) for f in resolve_corpus_files(target_cfg.texts, run_dir)) if target_cfg.texts else ())
     if key not in _CACHE:
         texts: list[str] = []
-        if tc.texts:
-            for f in resolve_corpus_files(tc.texts, run_dir):
-                for b in read_documents(f, tc.text_column, ""):
+        if target_cfg.texts:
+            for f in resolve_corpus_files(target_cfg.texts, run_dir):
+                for b in read_documents(f, target_cfg.text_column, ""):
                     texts += b.texts
         tasks = {}
-        for name, path in tc.tasks.items():
+        for name, path in target_cfg.tasks.items():
             items = _task_items(name, path.replace("{run}", str(run_dir)))
-            tasks[name] = items[: tc.task_limit] if tc.task_limit else items
+            tasks[name] = items[: target_cfg.task_limit] if target_cfg.task_limit else items
         if not texts and not tasks:
             raise InputError("the target is empty: set target.texts (held-out text) and/or target.tasks")
         _CACHE[key] = {"texts": texts, "tasks": tasks}
@@ -99,17 +100,18 @@ def _task_items(name: str, path: str) -> list[dict]:
         return parse_tasks(io.TextIOWrapper(fh, encoding="utf-8"), path)
 
 
-def objective(metrics: dict, tc: TargetConfig) -> float:
-    missing = [m for m in tc.objective if m not in metrics]
+def objective(metrics: dict, target_cfg: TargetConfig) -> float:
+    missing = [m for m in target_cfg.objective if m not in metrics]
     if missing:
         raise InputError(f"target.objective names {missing}, but the proxy reported {sorted(metrics)}")
-    return float(np.mean([metrics[m] for m in tc.objective]))
+    return float(np.mean([metrics[m] for m in target_cfg.objective]))
 
 
-def evaluate(model, tokenizer, tc: TargetConfig, run_dir: Path, device: str, bf16: bool | None = None) -> dict:
+def evaluate(model, tokenizer, target_cfg: TargetConfig, run_dir: Path, device: str,
+             bf16: bool | None = None) -> dict:
     """The target's metrics; `bf16`: score under bf16 autocast (None: on CUDA only)."""
     from proxies.evaluate import bits_per_byte, evaluate_task
-    target = load_target(tc, run_dir)
+    target = load_target(target_cfg, run_dir)
     metrics: dict[str, float] = {}
     if target["texts"]:
         metrics["bpb"] = float(bits_per_byte(model, tokenizer, target["texts"], device=device, bf16=bf16))
@@ -130,8 +132,8 @@ def evaluate_task_metrics(model, tokenizer, task: ProxyTask, device: str) -> dic
     if device.startswith("cuda"):
         import torch
         from proxies.train import uses_bf16
-        pc: ProxyConfig = task.proxy
-        bf16 = uses_bf16(torch.device(device), pc.precision, pc.n_embd)
+        proxy_cfg: ProxyConfig = task.proxy
+        bf16 = uses_bf16(torch.device(device), proxy_cfg.precision, proxy_cfg.n_embd)
     metrics = evaluate(model, tokenizer, task.target, Path(task.run_dir), device, bf16)
     if task.heldout is not None:
         held = evaluate(model, tokenizer, task.heldout, Path(task.run_dir), device, bf16)
@@ -160,16 +162,16 @@ def _resources(tokens_dir: Path):
     return _CACHE[key]
 
 
-def _deadline(pc: ProxyConfig, n: int = 1) -> float | None:
-    return time.monotonic() + n * pc.timeout_s if pc.timeout_s > 0 else None
+def _deadline(proxy_cfg: ProxyConfig, n: int = 1) -> float | None:
+    return time.monotonic() + n * proxy_cfg.timeout_s if proxy_cfg.timeout_s > 0 else None
 
 
 def train_and_score(task: ProxyTask) -> dict:
     """Run one proxy: train it (or run proxy.command, or look it up) and score it; one record."""
     t0 = time.time()
-    pc: ProxyConfig = task.proxy
-    rec = _record(task, lambda: _lookup(task) if pc.lookup else _external(task) if pc.command
-                  else _builtin(task, _deadline(pc)))
+    proxy_cfg: ProxyConfig = task.proxy
+    rec = _record(task, lambda: _lookup(task) if proxy_cfg.lookup else _external(task) if proxy_cfg.command
+                  else _builtin(task, _deadline(proxy_cfg)))
     rec["seconds"] = round(time.time() - t0, 3)
     return rec
 
@@ -203,16 +205,16 @@ def _record(task: ProxyTask, run) -> dict:
     return rec
 
 
-def swarm_size(pc: ProxyConfig) -> int:
+def stack_size(proxy_cfg: ProxyConfig) -> int:
     """How many proxies the built-in trainer trains as one stacked model (1: one at a time)."""
-    if pc.command or pc.lookup or pc.swarm == "single":
+    if proxy_cfg.command or proxy_cfg.lookup or proxy_cfg.swarm == "single":
         return 1
-    device = resolve_device(pc.device)
-    if pc.swarm == "auto" and not device.startswith("cuda"):
+    device = resolve_device(proxy_cfg.device)
+    if proxy_cfg.swarm == "auto" and not device.startswith("cuda"):
         # On a CPU each proxy's matmuls already keep the cores busy, and stacking
         # measured no faster than one proxy after another (see BENCHMARKS.md, Stage speed).
         return 1
-    return pc.swarm_size or (64 if device.startswith("cuda") else 8)
+    return proxy_cfg.swarm_size or (64 if device.startswith("cuda") else 8)
 
 
 def train_and_score_group(tasks: list[ProxyTask]) -> list[dict]:
@@ -252,52 +254,53 @@ def _raiser(e: Exception):
     return run
 
 
-def _configs(pc: ProxyConfig, tok):
-    return pc.model_config(tok.vocab_size), pc.train_config(log_every=10**9)
+def proxy_configs(proxy_cfg: ProxyConfig, tok):
+    """The built-in trainer's GPTConfig and TrainConfig for these settings and tokenizer."""
+    return proxy_cfg.model_config(tok.vocab_size), proxy_cfg.train_config(log_every=10**9)
 
 
-def _sampler(store, weights, pc: ProxyConfig, seed: int, device: str, where: str):
+def _sampler(store, weights, proxy_cfg: ProxyConfig, seed: int, device: str, where: str):
     from proxies.sampler import MixtureSampler
     w = check_weights(weights, store.n_clusters, where, tol=None)
-    return MixtureSampler(store, w, pc.seq_len, pc.batch_size, seed=seed, device=device,
-                          exact=pc.exact_batches, common=pc.common_streams)
+    return MixtureSampler(store, w, proxy_cfg.seq_len, proxy_cfg.batch_size, seed=seed, device=device,
+                          exact=proxy_cfg.exact_batches, common=proxy_cfg.common_streams)
 
 
 def _builtin_stacked(tasks: list[ProxyTask]) -> list:
-    """Train the group's proxies together; returns one thunk per task that evaluates its proxy."""
+    """Train the group's proxies together; returns one evaluator per task that evaluates its proxy."""
     from proxies.stacked import train_stacked
-    pc: ProxyConfig = tasks[0].proxy
-    if any(t.proxy != pc or t.tokens_dir != tasks[0].tokens_dir for t in tasks):
+    proxy_cfg: ProxyConfig = tasks[0].proxy
+    if any(t.proxy != proxy_cfg or t.tokens_dir != tasks[0].tokens_dir for t in tasks):
         raise ValueError("a stacked group needs one proxy config and one token store")
-    device = resolve_device(pc.device)
+    device = resolve_device(proxy_cfg.device)
     store, tok = _resources(Path(tasks[0].tokens_dir))
     samplers = []
     for t in tasks:
-        samplers.append(_sampler(store, t.weights, pc, t.seed, device, f"proxy {t.mixture_id}"))
-    mcfg, tcfg = _configs(pc, tok)
+        samplers.append(_sampler(store, t.weights, proxy_cfg, t.seed, device, f"proxy {t.mixture_id}"))
+    mcfg, tcfg = proxy_configs(proxy_cfg, tok)
     # A stacked model of n proxies may take as long as n proxies one after another.
     trained = train_stacked(mcfg, tcfg, samplers, seeds=[t.seed for t in tasks], device=device,
-                            deadline=_deadline(pc, len(tasks)))
+                            deadline=_deadline(proxy_cfg, len(tasks)))
     log.info("%d proxies trained as one stacked model: %.0f tok/s in all", len(tasks),
              len(tasks) * trained[0][1]["tokens_per_s"])
 
-    def thunk(task: ProxyTask, model, stats: dict):
+    def evaluator(task: ProxyTask, model, stats: dict):
         def run() -> tuple[dict, int]:
             metrics = evaluate_task_metrics(model, tok, task, device)
             metrics["train_loss"] = float(stats["final_loss"])
             return metrics, int(stats["tokens"])
         return run
-    return [thunk(t, m, st) for t, (m, st) in zip(tasks, trained)]
+    return [evaluator(t, m, st) for t, (m, st) in zip(tasks, trained)]
 
 
 def _builtin(task: ProxyTask, deadline: float | None = None) -> tuple[dict, int]:
     import torch
     from proxies.train import train
-    pc: ProxyConfig = task.proxy
-    device = resolve_device(pc.device)
+    proxy_cfg: ProxyConfig = task.proxy
+    device = resolve_device(proxy_cfg.device)
     store, tok = _resources(Path(task.tokens_dir))
-    sampler = _sampler(store, task.weights, pc, task.seed, device, f"proxy {task.mixture_id}")
-    mcfg, tcfg = _configs(pc, tok)
+    sampler = _sampler(store, task.weights, proxy_cfg, task.seed, device, f"proxy {task.mixture_id}")
+    mcfg, tcfg = proxy_configs(proxy_cfg, tok)
     model, stats = train(mcfg, tcfg, sampler, seed=task.seed, device=device, deadline=deadline)
     metrics = evaluate_task_metrics(model, tok, task, device)
     metrics["train_loss"] = float(stats["final_loss"])
@@ -366,14 +369,14 @@ def _lookup(task: ProxyTask) -> tuple[dict, int]:
 
 
 def _external(task: ProxyTask) -> tuple[dict, int]:
-    pc: ProxyConfig = task.proxy
+    proxy_cfg: ProxyConfig = task.proxy
     with tempfile.TemporaryDirectory(prefix="climb-proxy-") as tmp:
         wfile, out = Path(tmp) / "weights.json", Path(tmp) / "metrics.json"
         wfile.write_text(json.dumps({"weights": task.weights, "seed": task.seed,
                                      "mixture_id": task.mixture_id,
                                      "clusters": list(range(len(task.weights)))}))
-        cmd = pc.command.format(weights=shlex.quote(str(wfile)), out=shlex.quote(str(out)))
-        proc = run_command(cmd, pc.timeout_s)
+        cmd = proxy_cfg.command.format(weights=shlex.quote(str(wfile)), out=shlex.quote(str(out)))
+        proc = run_command(cmd, proxy_cfg.timeout_s)
         if proc.returncode != 0:
             raise RuntimeError(f"proxy.command exited {proc.returncode}: {proc.stderr[-2000:]}")
         if not out.exists():

@@ -8,7 +8,7 @@ whitespace-only documents and lines that are not valid UTF-8 are skipped and
 counted, never dropped silently. A local file is a `Path`, a remote one its URL
 (a `str`); both travel to Dask workers as strings, and each worker reads them itself.
 
-    from climb.io import resolve_corpus_files, read_documents
+    from climb.files import resolve_corpus_files, read_documents
     for batch in read_documents(path, "text", "id"):
         print(len(batch.ids), batch.skipped)
 """
@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 # The one atomic file writer (temporary file, fsync, rename), shared with the proxies package.
-from proxies.atomic import atomic_path  # noqa: F401  (re-exported: climb.io.atomic_path)
+from proxies.atomic import atomic_path  # noqa: F401  (re-exported: climb.files.atomic_path)
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
