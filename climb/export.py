@@ -316,44 +316,16 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
 
 def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: str | None, previous: list[str],
             ex) -> dict:
-    from proxies.tokens import TokenStore
-    out = paths.export
-    names = paths.shards()
-    n_clusters = paths.n_clusters()
     mix_file = paths.search.mixture
-    w = check_weights(weights if weights is not None else read_json(mix_file)["weights"], n_clusters,
+    w = check_weights(weights if weights is not None else read_json(mix_file)["weights"], paths.n_clusters(),
                       "weights given" if weights is not None else str(mix_file))
-    store = TokenStore(paths.tokenize.store)
-    per_shard = [_shard_docs(paths, store, s) for s in names]
-    doc_cluster = np.concatenate([p[0] for p in per_shard])
-    doc_tokens = np.concatenate([p[1] for p in per_shard])
-    cluster_tokens = np.bincount(doc_cluster[doc_cluster >= 0], weights=doc_tokens[doc_cluster >= 0],
-                                 minlength=n_clusters)
-    budget = budget_for(w, cluster_tokens, cfg.search.epoch_cap, cfg.export.token_budget)
-    copies, sel = select(doc_cluster, doc_tokens, w, budget, cfg.search.epoch_cap, cfg.export.seed,
-                         cfg.export.long_docs)
-    cut = np.zeros(len(copies), dtype=np.int64)
-    for d, keep in sel.pop("cut").items():
-        cut[d] = keep
-    files = paths.shard_files(cfg)
-    tasks, start = [], 0
-    for i, (s, (cl, _)) in enumerate(zip(names, per_shard)):
-        copies_file, clusters_file, cut_file = out.plan(s)
-        copies_file.parent.mkdir(parents=True, exist_ok=True)
-        np.save(copies_file, copies[start:start + len(cl)])
-        np.save(clusters_file, cl)
-        np.save(cut_file, cut[start:start + len(cl)])
-        tasks.append(ExportTask(shard=s, path=str(files[s]), corpus=cfg.corpus, copies=str(copies_file),
-                                clusters=str(clusters_file), cut=str(cut_file), tokenizer=str(paths.tokenize.tokenizer),
-                                dest=dest or str(out.dir), rows_per_shard=cfg.export.rows_per_shard,
-                                seed=cfg.export.seed + i))
-        start += len(cl)
-    parts = ex.map(write_shard, tasks, desc="export")
+    plan = _plan(cfg, paths, w)
+    parts = ex.map(write_shard, _shard_tasks(cfg, paths, plan, dest), desc="export")
     by_cluster: dict[int, list[str]] = {}
     for p in parts:
         for c, fs in p["files"].items():
             by_cluster.setdefault(int(c), []).extend(fs)
-    realised = np.array([c["tokens"] for c in sel["clusters"]], dtype=np.float64)
+    realised = np.array([c["tokens"] for c in plan["selection"]["clusters"]], dtype=np.float64)
     total = realised.sum()
     if total == 0:
         raise InputError("the export selected no documents; check the weights and export.token_budget")
@@ -361,26 +333,76 @@ def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: 
     rels = [f for fs in by_cluster.values() for f in fs]
     if dest:  # the blend files name the shards where they are
         by_cluster = {c: [join(dest, f) for f in fs] for c, fs in by_cluster.items()}
-    mixture = {"weights": w.tolist(), "realised_weights": real_w.tolist(), "token_budget": budget,
-               "tokens": int(total), **sel, "files": {str(c): fs for c, fs in sorted(by_cluster.items())}}
+    blends = _blend_files(w, real_w, plan, by_cluster)
+    for name, text in blends.items():
+        write_text(str(paths.export.dir / name), text)
+    if dest:
+        _publish(paths, dest, previous, blends, rels)
+    return _stats(cfg, w, real_w, plan, by_cluster, dest)
+
+
+def _plan(cfg: RunConfig, paths: RunPaths, w: np.ndarray) -> dict:
+    """How many copies of each document (in shard order) to export, which are cut, and per-cluster stats."""
+    from proxies.tokens import TokenStore
+    store = TokenStore(paths.tokenize.store)
+    names = paths.shards()
+    per_shard = [_shard_docs(paths, store, s) for s in names]
+    doc_cluster = np.concatenate([p[0] for p in per_shard])
+    doc_tokens = np.concatenate([p[1] for p in per_shard])
+    cluster_tokens = np.bincount(doc_cluster[doc_cluster >= 0], weights=doc_tokens[doc_cluster >= 0],
+                                 minlength=len(w))
+    budget = budget_for(w, cluster_tokens, cfg.search.epoch_cap, cfg.export.token_budget)
+    copies, selection = select(doc_cluster, doc_tokens, w, budget, cfg.search.epoch_cap, cfg.export.seed,
+                               cfg.export.long_docs)
+    cut = np.zeros(len(copies), dtype=np.int64)
+    for d, keep in selection.pop("cut").items():
+        cut[d] = keep
+    return {"shards": names, "shard_clusters": [p[0] for p in per_shard], "copies": copies, "cut": cut,
+            "budget": budget, "selection": selection}
+
+
+def _shard_tasks(cfg: RunConfig, paths: RunPaths, plan: dict, dest: str | None) -> list[ExportTask]:
+    """One task per corpus shard, its part of the plan saved under export/plan/."""
+    out, files = paths.export, paths.shard_files(cfg)
+    tasks, start = [], 0
+    for i, (s, cl) in enumerate(zip(plan["shards"], plan["shard_clusters"])):
+        copies_file, clusters_file, cut_file = out.plan(s)
+        copies_file.parent.mkdir(parents=True, exist_ok=True)
+        np.save(copies_file, plan["copies"][start:start + len(cl)])
+        np.save(clusters_file, cl)
+        np.save(cut_file, plan["cut"][start:start + len(cl)])
+        tasks.append(ExportTask(shard=s, path=str(files[s]), corpus=cfg.corpus, copies=str(copies_file),
+                                clusters=str(clusters_file), cut=str(cut_file), tokenizer=str(paths.tokenize.tokenizer),
+                                dest=dest or str(out.dir), rows_per_shard=cfg.export.rows_per_shard,
+                                seed=cfg.export.seed + i))
+        start += len(cl)
+    return tasks
+
+
+def _blend_files(w: np.ndarray, real_w: np.ndarray, plan: dict, by_cluster: dict[int, list[str]]) -> dict[str, str]:
+    """mixture.json, megatron_blend.txt and interleave.json, as text."""
+    mixture = {"weights": w.tolist(), "realised_weights": real_w.tolist(), "token_budget": plan["budget"],
+               "tokens": int(sum(c["tokens"] for c in plan["selection"]["clusters"])), **plan["selection"],
+               "files": {str(c): fs for c, fs in sorted(by_cluster.items())}}
     blend = " ".join(f"{real_w[c]:.6f} {fs[0].rsplit('/', 1)[0]}" for c, fs in sorted(by_cluster.items()))
     interleave = {
         "data_files": [fs for _, fs in sorted(by_cluster.items())],
         "probabilities": [float(real_w[c]) for c in sorted(by_cluster)],
         "usage": "datasets.interleave_datasets([load_dataset('parquet', data_files=f, split='train') "
                  "for f in data_files], probabilities=probabilities, seed=0)"}
-    write_json(out.mixture, mixture)
-    out.megatron_blend.write_text(blend + "\n")
-    write_json(out.interleave, interleave)
-    if dest:
-        _publish(paths, dest, previous, {"mixture.json": strict_json(mixture, indent=2) + "\n",
-                                         "megatron_blend.txt": blend + "\n",
-                                         "interleave.json": strict_json(interleave, indent=2) + "\n"}, rels)
-    capped = [c["cluster"] for c in sel["clusters"] if c["capped"]]
-    short = {c["cluster"]: c["shortfall"] for c in sel["clusters"] if c["shortfall"]}
-    off = {c: [round(float(w[c]), 4), round(float(real_w[c]), 4)] for c in range(n_clusters)
+    return {"mixture.json": strict_json(mixture, indent=2) + "\n", "megatron_blend.txt": blend + "\n",
+            "interleave.json": strict_json(interleave, indent=2) + "\n"}
+
+
+def _stats(cfg: RunConfig, w: np.ndarray, real_w: np.ndarray, plan: dict, by_cluster: dict, dest: str | None) -> dict:
+    """The stage's stats, with a warning for each way the realised mixture falls short of the one asked for."""
+    clusters, copies, cut = plan["selection"]["clusters"], plan["copies"], plan["cut"]
+    total = int(sum(c["tokens"] for c in clusters))
+    capped = [c["cluster"] for c in clusters if c["capped"]]
+    short = {c["cluster"]: c["shortfall"] for c in clusters if c["shortfall"]}
+    off = {c: [round(float(w[c]), 4), round(float(real_w[c]), 4)] for c in range(len(w))
            if abs(real_w[c] - w[c]) > cfg.export.weight_tolerance}
-    stats = {"docs": int((copies > 0).sum()), "rows": int(copies.sum()), "tokens": int(total), "budget": budget,
+    stats = {"docs": int((copies > 0).sum()), "rows": int(copies.sum()), "tokens": total, "budget": plan["budget"],
              "capped_clusters": capped, "max_abs_weight_error": float(np.abs(real_w - w).max()),
              "weights_off": off, "truncated_docs": int((cut > 0).sum()), "shortfall": short,
              "files": sum(len(v) for v in by_cluster.values())}
@@ -397,5 +419,3 @@ def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: 
     log.info("export: %d rows (%d distinct docs), %d tokens, %d files%s", stats["rows"], stats["docs"], total,
              stats["files"], f" in {dest}" if dest else "")
     return stats
-
-
