@@ -62,7 +62,7 @@ def config_from_args(args):
         ov += [f'executor.dask_address="{args.dask_address}"', 'executor.kind="dask"']
     cfg = load_config(args.config, ov)
     if args.run:
-        from .config import check_run_dir
+        from .config_checks import check_run_dir
         check_run_dir(args.run)
     run_dir = Path(args.run) if args.run else Path("runs") / cfg.name
     return cfg, run_dir

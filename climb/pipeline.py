@@ -21,7 +21,8 @@ import logging
 from pathlib import Path
 
 from . import cluster, demo, embed, export, report, search, tokenization, validate
-from .config import RunConfig, check_run_dir, load_config
+from .config import RunConfig, load_config
+from .config_checks import check_run_dir
 from .runlock import hold
 from .stage import OPTIONAL, STAGES, RunPaths
 

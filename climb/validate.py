@@ -29,7 +29,8 @@ import logging
 import numpy as np
 
 from . import results as results_log
-from .config import RunConfig, TargetConfig, check_validation_trains, digest, validation_model, without
+from .config import RunConfig, TargetConfig, digest, without
+from .config_checks import check_validation_trains, validation_model
 from .device import proxy_processes
 from .files import InputError, read_json, write_json
 from .predictor import goal_sign

@@ -149,7 +149,7 @@ def test_rank_mixtures_are_spread_over_the_scores():
 
 def test_heldout_metrics_and_their_directions():
     """Held-out metrics get their own verdicts, with accuracy maximised and losses minimised."""
-    from climb.config import validation_model
+    from climb.config_checks import validation_model
     cfg = load_config(None, ['validate.tasks={cloze = "x.jsonl"}'])
     seeds = [1, 2, 3]
     plan = {"seeds": seeds, "mixtures": [{"name": n, "role": "compared", "weights": [1.0], "proxy_score": None,
