@@ -183,8 +183,11 @@ def load_ids(paths: RunPaths, name: str) -> pa.Table:
         raise _damaged(path, e) from None
 
 
-def key(cfg: RunConfig, paths: RunPaths) -> str:
-    return digest(cfg.corpus.text_column, cfg.corpus.id_column, cfg.embed, fingerprint(paths.corpus_files(cfg)))
+def key(cfg: RunConfig, paths: RunPaths, files: list[Path | str] | None = None) -> str:
+    """The stage key; `files`: the corpus files when the caller has resolved them already
+    (a remote glob is a listing call)."""
+    files = paths.corpus_files(cfg) if files is None else files
+    return digest(cfg.corpus.text_column, cfg.corpus.id_column, cfg.embed, fingerprint(files))
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
@@ -194,7 +197,7 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
         clash = sorted({n for n in names if names.count(n) > 1})
         raise InputError(f"corpus files share the shard name(s) {clash} (e.g. part.parquet in two folders); "
                          "rename them or list one folder per run in corpus.paths")
-    return execute(paths, "embed", key(cfg, paths), lambda folder, ex: _embed(cfg, files, folder, ex),
+    return execute(paths, "embed", key(cfg, paths, files), lambda folder, ex: _embed(cfg, files, folder, ex),
                    executor=cfg.executor)
 
 

@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 
 from .cluster import load_assignments
-from .config import CorpusConfig, RunConfig, digest, without
+from .config import CorpusConfig, RunConfig, digest
 from .files import (InputError, file_stamp, is_url, local_path, read_aligned, read_json, strict_json, write_json,
                  write_parquet, write_text)
 from .mixture import check_weights
@@ -234,10 +234,8 @@ def check_destination(cfg: RunConfig, paths: RunPaths) -> None:
 
 
 def key(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> str:
-    # Without a destination the key is what it was before the field existed.
-    export_cfg = cfg.export if cfg.export.destination else without(cfg.export, "destination")
-    return digest(digest(upstream_key(paths, "tokenize"), upstream_key(paths, "search"), export_cfg,
-                         cfg.search.epoch_cap), weights)
+    return digest(upstream_key(paths, "tokenize"), upstream_key(paths, "search"), cfg.export, cfg.search.epoch_cap,
+                  weights)
 
 
 def _listing(dest: str) -> dict[str, list]:

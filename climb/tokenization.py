@@ -75,7 +75,8 @@ def tokenizer_texts(cfg: RunConfig, files: list[Path | str]) -> list[str]:
 
 def key(cfg: RunConfig, paths: RunPaths) -> str:
     proxy_cfg = cfg.proxy
-    given = fingerprint([proxy_cfg.tokenizer]) if proxy_cfg.tokenizer else None
+    # A given tokenizer keys by its file too; a missing one is named by load_tokenizer when the stage runs.
+    given = fingerprint([proxy_cfg.tokenizer]) if proxy_cfg.tokenizer and Path(proxy_cfg.tokenizer).exists() else None
     return digest(upstream_key(paths, "cluster"), cfg.corpus.text_column, cfg.corpus.id_column,
                   {"tokenizer": proxy_cfg.tokenizer, "vocab_size": proxy_cfg.vocab_size,
                    "tokenizer_docs": proxy_cfg.tokenizer_docs}, given)
@@ -98,11 +99,13 @@ def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     from proxies.tokenizer import load_tokenizer, train_bpe
     from proxies.tokens import TokenStore, merge_token_stores, store_is_complete
     out = paths.tokenize
-    if not out.tokenizer.exists():
-        if cfg.proxy.tokenizer:
-            load_tokenizer(cfg.proxy.tokenizer).save(out.tokenizer)
-        else:
-            train_bpe(tokenizer_texts(cfg, paths.corpus_files(cfg)), cfg.proxy.vocab_size, out.tokenizer)
+    if out.tokenizer.exists():
+        tok = load_tokenizer(out.tokenizer)
+    elif cfg.proxy.tokenizer:
+        tok = load_tokenizer(cfg.proxy.tokenizer)
+        tok.save(out.tokenizer)
+    else:
+        tok = train_bpe(tokenizer_texts(cfg, paths.corpus_files(cfg)), cfg.proxy.vocab_size, out.tokenizer)
     names = paths.shards()
     if not store_is_complete(out.store):
         files = paths.shard_files(cfg)
@@ -111,7 +114,7 @@ def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         ex.map(tokenize_shard, tasks, desc="tokenize")
         merge_token_stores(out.store, names, paths.n_clusters())
     store = TokenStore(out.store)
-    vocab = load_tokenizer(out.tokenizer).vocab_size
+    vocab = tok.vocab_size
     log.info("tokenize: %d tokens in %d clusters from %d shards (vocabulary %d)", int(store.tokens.sum()),
              len(store.tokens), len(names), vocab)
     return {"tokens": int(store.tokens.sum()), "clusters": len(store.tokens), "shards": names, "vocab_size": vocab}
