@@ -14,7 +14,10 @@ do not leak from one to the next:
   loading the token store (memory-mapped), tokenizer and target once.
 
 Reports proxies per minute for each, the ratio processes / inprocess, and
-whether the records of ``processes`` equal those of ``serial`` exactly.
+whether the records of ``processes`` equal those of ``serial`` exactly. Beside
+the ratio it reports what bounds it: P one-thread processes can at best run P
+times as fast as ``serial``, so the ratio's ceiling is P x serial / inprocess,
+which is low when the default's threads already scale well.
 
     python benchmarks/swarm_processes.py --run runs/demo            # writes benchmarks/results/swarm_processes.json
 """
@@ -77,6 +80,7 @@ def main() -> None:
     if a.child:
         _child(a.child[0], a.run, a.proxies, procs, Path(a.child[1]))
         return
+    load_before = os.getloadavg()
     res = {}
     for mode in ("inprocess", "serial", "processes"):
         f = a.out.with_suffix(f".{mode}.tmp")
@@ -92,11 +96,16 @@ def main() -> None:
     out = {
         "benchmark": "swarm_processes", "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "run": str(a.run),
         "proxies": a.proxies, "processes": procs, "cpu_count": os.cpu_count(), "machine": platform.machine(),
-        "load_average_after": os.getloadavg(),
+        "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "proxies_per_min": {m: round(v, 3) for m, v in rate.items()},
         "wall_s": {m: round(r["wall_s"], 2) for m, r in res.items()},
         "torch_threads": {m: r["torch_threads"] for m, r in res.items()},
         "ratio_processes_vs_inprocess": round(rate["processes"] / rate["inprocess"], 3),
+        # What limits the ratio: the default already spreads one proxy over the cores
+        # (intra-op threads), and P one-thread processes can at best run P times one thread.
+        "inprocess_threads_speedup": round(rate["inprocess"] / rate["serial"], 3),
+        "ceiling_processes_vs_inprocess": round(procs * rate["serial"] / rate["inprocess"], 3),
+        "share_of_ceiling": round(rate["processes"] / (procs * rate["serial"]), 3),
         "processes_equal_serial_bit_for_bit": same,
         "max_abs_objective_diff_vs_inprocess": diff_inproc,
         "objectives": obj,
@@ -104,6 +113,7 @@ def main() -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({k: out[k] for k in ("proxies_per_min", "ratio_processes_vs_inprocess",
+                                          "ceiling_processes_vs_inprocess", "share_of_ceiling",
                                           "processes_equal_serial_bit_for_bit", "max_abs_objective_diff_vs_inprocess",
                                           "load_average_after")}, indent=1))
     if not same:
