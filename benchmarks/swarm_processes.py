@@ -20,6 +20,7 @@ times as fast as ``serial``, so the ratio's ceiling is P x serial / inprocess,
 which is low when the default's threads already scale well.
 
     python benchmarks/swarm_processes.py --run runs/demo            # writes benchmarks/results/swarm_processes.json
+    python benchmarks/swarm_processes.py --run runs/demo --set proxy.steps=200 --out other.json
 """
 from __future__ import annotations
 
@@ -37,11 +38,11 @@ sys.path.insert(0, str(ROOT))
 OUT = ROOT / "benchmarks" / "results" / "swarm_processes.json"
 
 
-def _tasks(run: Path, n: int) -> list:
+def _tasks(run: Path, n: int, overrides: list[str]) -> list:
     from climb.config import load_config
     from climb.search import proxy_task
     from climb.stage import RunPaths
-    cfg = load_config(run / "config.toml")
+    cfg = load_config(run / "config.toml", overrides)
     paths = RunPaths(run)
     plan = json.loads(paths.search.plan(0).read_text())
     mixtures = plan["mixtures"][:n]
@@ -50,14 +51,14 @@ def _tasks(run: Path, n: int) -> list:
     return [proxy_task(cfg, paths, f"bench-{j}", 0, m["weights"], cfg.search.seed) for j, m in enumerate(mixtures)]
 
 
-def _child(mode: str, run: Path, n: int, processes: int, out: Path) -> None:
+def _child(mode: str, run: Path, n: int, processes: int, out: Path, overrides: list[str]) -> None:
     """Train the proxies one way in this (fresh) process and write their records and the wall time."""
     import torch
     if mode == "serial":
         torch.set_num_threads(1)
     from climb.executor import LocalExecutor
     from climb.proxy_runs import train_and_score
-    tasks = _tasks(run, n)
+    tasks = _tasks(run, n, overrides)
     t0 = time.perf_counter()
     with LocalExecutor(processes if mode == "processes" else 1) as ex:
         recs = ex.map(train_and_score, tasks, desc=mode, parallel=True)
@@ -73,19 +74,22 @@ def main() -> None:
     ap.add_argument("--proxies", type=int, default=8)
     ap.add_argument("--processes", type=int, default=0, help="worker processes (0: the cores available)")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override the run's config for these proxies (e.g. proxy.steps=200)")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "FILE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     from climb.workers import cpu_slots
     procs = a.processes or cpu_slots()
     if a.child:
-        _child(a.child[0], a.run, a.proxies, procs, Path(a.child[1]))
+        _child(a.child[0], a.run, a.proxies, procs, Path(a.child[1]), a.set)
         return
     load_before = os.getloadavg()
     res = {}
     for mode in ("inprocess", "serial", "processes"):
         f = a.out.with_suffix(f".{mode}.tmp")
         subprocess.run([sys.executable, __file__, "--run", str(a.run), "--proxies", str(a.proxies),
-                        "--processes", str(procs), "--child", mode, str(f)], check=True)
+                        "--processes", str(procs), "--child", mode, str(f)]
+                       + [f"--set={kv}" for kv in a.set], check=True)
         res[mode] = json.loads(f.read_text())
         f.unlink()
         print(f"{mode}: {res[mode]['wall_s']:.1f} s for {a.proxies} proxies", flush=True)
@@ -95,7 +99,7 @@ def main() -> None:
     diff_inproc = max(abs(x - y) for x, y in zip(obj["processes"], obj["inprocess"]))
     out = {
         "benchmark": "swarm_processes", "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "run": str(a.run),
-        "proxies": a.proxies, "processes": procs, "cpu_count": os.cpu_count(), "machine": platform.machine(),
+        "proxies": a.proxies, "overrides": a.set, "processes": procs, "cpu_count": os.cpu_count(), "machine": platform.machine(),
         "load_average_before": load_before, "load_average_after": os.getloadavg(),
         "proxies_per_min": {m: round(v, 3) for m, v in rate.items()},
         "wall_s": {m: round(r["wall_s"], 2) for m, r in res.items()},

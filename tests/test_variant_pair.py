@@ -1,0 +1,42 @@
+"""benchmarks/variant_pair.py: two variants' found mixtures, paired by search seed."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.variant_pair import compare
+
+
+def _run(root, name, search_seed, scores, eval_seeds=(10007, 10008, 10009)):
+    run = root / name
+    (run / "search").mkdir(parents=True)
+    (run / "config.toml").write_text(f'[search]\nseed = {search_seed}\n[target]\ngoal = "minimize"\n')
+    comparison = {f"climb/{s}": {"objective": x, "status": "ok"} for s, x in zip(eval_seeds, scores)}
+    comparison["uniform/10007"] = {"objective": 9.0, "status": "ok"}  # other mixtures are not read
+    (run / "search" / "comparison.json").write_text(json.dumps(comparison))
+    return run
+
+
+def test_pairs_by_search_seed_and_tests_non_inferiority(tmp_path):
+    a = [_run(tmp_path, f"a{s}", s, [2.0 + 0.01 * s] * 3) for s in range(4)]
+    b = [_run(tmp_path, f"b{s}", s, [2.0 + 0.01 * s + d] * 3) for s, d in enumerate([0.02, 0.03, 0.01, 0.02])]
+    out = compare(a, b, margin=0.01)
+    assert out["diff_by_seed"] == pytest.approx([-0.02, -0.03, -0.01, -0.02])
+    assert out["comparison"]["verdict"] == "better" and out["a_no_worse_than_b"]
+    # The other way round B is worse by 0.02 on average: not within a margin of 0.01.
+    back = compare(b, a, margin=0.01)
+    assert back["comparison"]["verdict"] == "worse" and not back["a_no_worse_than_b"]
+    assert compare(b, a, margin=0.05)["a_no_worse_than_b"]
+
+
+def test_refuses_runs_that_are_not_pairs(tmp_path):
+    a = [_run(tmp_path, "a0", 0, [2.0] * 3), _run(tmp_path, "a1", 1, [2.0] * 3)]
+    b = [_run(tmp_path, "b0", 0, [2.0] * 3), _run(tmp_path, "b2", 2, [2.0] * 3)]
+    with pytest.raises(SystemExit, match="not a pair"):
+        compare(a, b, margin=0.01)
+    with pytest.raises(SystemExit, match="one pair per search seed"):
+        compare(a, b[:1], margin=0.01)
+    c = [_run(tmp_path, "c0", 0, [2.0] * 2, eval_seeds=(1, 2)), _run(tmp_path, "c1", 1, [2.0] * 3)]
+    with pytest.raises(SystemExit, match="comparison seeds"):
+        compare(a, c, margin=0.01)
