@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from climb.stage import RunPaths  # noqa: E402
+
 OUT = ROOT / "benchmarks" / "results" / "busy_machine.json"
 BUSY = "while True:\n    pass\n"
 
@@ -35,13 +38,13 @@ def _climb(stage: str, run: Path, config: str, sets: list[str]) -> None:
 
 
 def _search(run: Path, config: str, sets: list[str]) -> tuple[float, dict]:
-    shutil.rmtree(run / "search", ignore_errors=True)
-    for later in ("export", "report"):
-        shutil.rmtree(run / later, ignore_errors=True)
+    paths = RunPaths(run)
+    for stage in ("search", "validate", "export", "report"):
+        shutil.rmtree(paths.root / stage, ignore_errors=True)
     t0 = time.perf_counter()
     _climb("search", run, config, sets)
     wall = time.perf_counter() - t0
-    comparison = json.loads((run / "search" / "comparison.json").read_text())
+    comparison = json.loads(paths.search.comparison.read_text())
     return wall, {k: v["objective"] for k, v in sorted(comparison.items())}
 
 
@@ -52,7 +55,7 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], dest="sets", help="config overrides for both searches")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
-    if not (a.run / "cluster" / "manifest.json").exists():
+    if not RunPaths(a.run).manifest("cluster").exists():
         raise SystemExit(f"{a.run}: no finished cluster stage; run `climb run` (or make demo) first")
     # The stages before the search brought up to date first, untimed (a copied run folder's
     # corpus has moved, so it is embedded again): each timed run is the search alone.

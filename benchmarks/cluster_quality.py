@@ -18,7 +18,6 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from climb.config import load_config
 from climb.embed import shard_name
-from climb.files import read_json
 from climb.stage import RunPaths
 
 
@@ -39,8 +38,8 @@ def main() -> None:
     cfg = load_config(args.config or paths.root / "config.toml")
     files = {shard_name(f): f for f in paths.corpus_files(cfg)}
     fine, final, labs = [], [], {"source": [], "label": []}
-    for s in read_json(paths.manifest("cluster"))["stats"]["shards"]:
-        a = pq.read_table(paths.root / "cluster" / "assign" / f"{s}.parquet")
+    for s in paths.shards():
+        a = pq.read_table(paths.cluster.assignments(s))
         cols = [c for c in ("id", "source", "label") if c in pq.read_schema(files[s]).names]
         meta = pq.read_table(files[s], columns=cols).to_pydict()
         by_id = {i: k for k, i in enumerate(meta["id"])}

@@ -108,7 +108,7 @@ def bench_embed(cfg, paths, results: list, details_common: dict) -> None:
     local_s = time.time() - t0
     docs = stats["docs"]
     print(f"embed in-process: {docs} docs in {local_s:.1f}s ({docs / local_s:.1f} docs/s), load {l0}", flush=True)
-    ref = {f.name: np.load(f) for f in (paths.root / "embed").glob("*.npy")}
+    ref = {paths.embed.vectors(s).name: np.load(paths.embed.vectors(s)) for s in paths.shards()}
     per_n = {}
     for n in (1, 2):
         out_dir = paths.root / f"embed-dask{n}"
@@ -189,6 +189,7 @@ def bench_swarm(cfg, paths, n_proxies: int, results: list, details_common: dict,
 
 def bench_overhead(small: Path, target: Path, work: Path, results: list, details_common: dict,
                    steps: int = 30) -> None:
+    from climb.stage import RunPaths
     sets = [f'corpus.paths=["{small}/*.parquet"]', 'corpus.build=""', "embed.max_seq_length=64",
             "cluster.k=8", "proxy.vocab_size=512", "proxy.tokenizer_docs=600", f"proxy.steps={steps}",
             "proxy.warmup_steps=3", "search.iterations=[4,2]", "search.pool_size=5000",
@@ -208,15 +209,16 @@ def bench_overhead(small: Path, target: Path, work: Path, results: list, details
         walls[kind] = time.time() - t0
         if proc.returncode != 0:
             raise RuntimeError(f"climb run ({kind}) failed:\n{proc.stderr[-3000:]}")
-        stages[kind] = {s: json.loads((run / s / "manifest.json").read_text())["stats"].get("seconds")
+        stages[kind] = {s: json.loads(RunPaths(run).manifest(s).read_text())["stats"].get("seconds")
                         for s in ("embed", "cluster", "search", "export", "report")}
         stages[kind]["load_before"], stages[kind]["load_after"] = l0, load()
         print(f"overhead run {kind}: {walls[kind]:.1f}s, stages {stages[kind]}", flush=True)
     a, b = work / "overhead-local", work / "overhead-dask"
-    ra = {json.loads(x)["mixture_id"]: json.loads(x)["objective"] for x in (a / "search/results.jsonl").read_text().splitlines() if x.strip()}
-    rb = {json.loads(x)["mixture_id"]: json.loads(x)["objective"] for x in (b / "search/results.jsonl").read_text().splitlines() if x.strip()}
-    same = ra == rb and all(pq.read_table(p).equals(pq.read_table(b / p.relative_to(a)))
-                            for p in (a / "cluster" / "assign").glob("*.parquet"))
+    pa_, pb_ = RunPaths(a), RunPaths(b)
+    ra = {json.loads(x)["mixture_id"]: json.loads(x)["objective"] for x in pa_.search.results.read_text().splitlines() if x.strip()}
+    rb = {json.loads(x)["mixture_id"]: json.loads(x)["objective"] for x in pb_.search.results.read_text().splitlines() if x.strip()}
+    same = ra == rb and all(pq.read_table(pa_.cluster.assignments(s)).equals(pq.read_table(pb_.cluster.assignments(s)))
+                            for s in pa_.shards())
     results.append(entry("dask_overhead_small_run_2_workers_vs_in_process", walls["dask"], walls["local"], "s",
                          {**details_common, "docs": 600, "shards": 2, "proxies": 6 + 3, "proxy_steps": steps,
                           "command": "climb run --config pipelines/demo.toml " + " ".join(f"--set {s}" for s in sets),

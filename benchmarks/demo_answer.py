@@ -12,7 +12,7 @@ this script uses it to measure, for a finished run:
   the answer when it is strongly negative for a loss);
 - the found mixture's tech share, against the natural and uniform ones;
 - the predictor's out-of-fold Spearman and the comparison verdicts, read from
-  the run's quality and comparison files.
+  the run's quality and comparison files, and each compared mixture's mean score.
 
     python benchmarks/demo_answer.py --run runs/demo [--json out.json]
 """
@@ -34,15 +34,18 @@ TARGET_LABEL = "tech"
 
 def cluster_label_shares(run: Path, label: str = TARGET_LABEL) -> np.ndarray:
     """Per cluster, the share of its tokens from documents with `label` (pruned documents skipped)."""
+    from climb.config import load_config
+    from climb.stage import RunPaths
     from proxies.tokenizer import load_tokenizer
-    tok = load_tokenizer(run / "tokenize" / "tokenizer.json")
-    n_clusters = json.loads((run / "cluster" / "clusters.json").read_text())["n_clusters"]
-    hit = np.zeros(n_clusters)
-    total = np.zeros(n_clusters)
-    for f in sorted((run / "data" / "corpus").glob("*.parquet")):
+    paths = RunPaths(run)
+    tok = load_tokenizer(paths.tokenize.tokenizer)
+    files = paths.shard_files(load_config(paths.config))
+    hit = np.zeros(paths.n_clusters())
+    total = np.zeros(paths.n_clusters())
+    for shard in paths.shards():
+        f = files[shard]
         docs = pq.read_table(f, columns=["text", "label"]).to_pylist()
-        clusters = pq.read_table(run / "cluster" / "assign" / f"{f.stem}.parquet",
-                                 columns=["cluster"])["cluster"].to_numpy()
+        clusters = pq.read_table(paths.cluster.assignments(shard), columns=["cluster"])["cluster"].to_numpy()
         if len(clusters) != len(docs):
             raise SystemExit(f"{f} has {len(docs)} rows but its assignments {len(clusters)}: a stale run")
         lengths = [len(ids) + 1 for ids in tok.encode_batch([d["text"] for d in docs])]  # + EOS, as the store
@@ -54,23 +57,30 @@ def cluster_label_shares(run: Path, label: str = TARGET_LABEL) -> np.ndarray:
 
 
 def analyse(run: Path) -> dict:
+    from climb.stage import RunPaths
+    paths = RunPaths(run)
     shares = cluster_label_shares(run)
-    recs = [json.loads(line) for line in (run / "search" / "results.jsonl").read_text().splitlines() if line.strip()]
+    recs = [json.loads(line) for line in paths.search.results.read_text().splitlines() if line.strip()]
     ok = [r for r in recs if r.get("status") == "ok" and r.get("objective") is not None]
     tech = np.array([np.asarray(r["weights"]) @ shares for r in ok])
     obj = np.array([r["objective"] for r in ok])
     rho = float(spearmanr(tech, obj).statistic) if len(ok) > 2 else None
-    mix = json.loads((run / "search" / "mixture.json").read_text())
+    mix = json.loads(paths.search.mixture.read_text())
     out = {"run": str(run), "proxies": len(ok), "spearman_tech_share_objective": rho,
            "tech_share": {k: float(np.asarray(mix[k]) @ shares) for k in ("weights", "natural", "uniform")},
            "cluster_tech_share": [round(float(s), 4) for s in shares]}
     out["tech_share"]["climb"] = out["tech_share"].pop("weights")
-    quality = run / "search" / "quality.json"
-    if quality.exists():
-        q = json.loads(quality.read_text())
+    if paths.search.quality.exists():
+        q = json.loads(paths.search.quality.read_text())
         out["oof_spearman_last"] = (q.get("predictor_oof_spearman") or [None])[-1]
         out["snr"] = q.get("snr")
         out["comparison"] = q.get("comparison")
+    if paths.search.comparison.exists():  # each compared mixture's mean target score over the comparison seeds
+        scores: dict[str, list[float]] = {}
+        for key, r in json.loads(paths.search.comparison.read_text()).items():
+            if r.get("status") == "ok":
+                scores.setdefault(key.split("/")[0], []).append(r["objective"])
+        out["score"] = {name: float(np.mean(v)) for name, v in scores.items()}
     return out
 
 

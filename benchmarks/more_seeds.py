@@ -41,17 +41,18 @@ def main() -> None:
     if a.seeds < cfg.search.eval_seeds:
         raise SystemExit(f"--seeds {a.seeds} is fewer than the run's own {cfg.search.eval_seeds}")
     work = a.work or a.run.with_name(f"{a.run.name}-seeds{a.seeds}")
+    run, kept = RunPaths(a.run), RunPaths(work)
     if not work.exists():
-        shutil.copytree(a.run / "search", work / "search")
-        shutil.copy2(a.run / "config.toml", work / "config.toml")
+        shutil.copytree(run.search.dir, kept.search.dir)
+        shutil.copy2(run.config, kept.config)
     cfg = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, eval_seeds=a.seeds))
-    mix = read_json(work / "search" / "mixture.json")
+    mix = read_json(kept.search.mixture)
     mixtures = {"climb": mix["weights"], "uniform": mix["uniform"], "natural": mix["natural"]}
-    if (work / "search" / "one_shot_mixture.json").exists():
-        mixtures["one-shot"] = read_json(work / "search" / "one_shot_mixture.json")["weights"]
+    if kept.search.one_shot_mixture.exists():
+        mixtures["one-shot"] = read_json(kept.search.one_shot_mixture)["weights"]
     t0 = time.time()
     with make_executor(cfg.executor, proxy_processes(cfg.proxy, cfg.executor)) as ex:
-        runs = compare(cfg, RunPaths(work), ex, mixtures)
+        runs = compare(cfg, kept, ex, mixtures)
     table, verdicts = comparison_table(cfg, runs)
     own = cfg.search.eval_seed + load_config(a.run / "config.toml").search.eval_seeds
     # the run's own seeds alone, judged from the same records
