@@ -59,8 +59,8 @@ class EmbedConfig:
     # "torch" (plain sentence-transformers); "openvino"; or "auto": OpenVINO on a CPU
     # (faster than plain torch fp32 with near-identical embeddings, see BENCHMARKS.md,
     # Stage speed; converted once from the local weights, cached under $HF_HOME/climb),
-    # torch elsewhere. Not yet the default: the demo's answer is verified on torch
-    # embeddings (BENCHMARKS.md, Stage speed).
+    # torch elsewhere. Not the default: over five demo search seeds its found mixtures
+    # were not shown to be within 0.01 bpb of torch's (BENCHMARKS.md, Stage speed).
     backend: str = "torch"
 
 
