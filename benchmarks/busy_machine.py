@@ -39,8 +39,8 @@ def _climb(stage: str, run: Path, config: str, sets: list[str]) -> None:
 
 def _search(run: Path, config: str, sets: list[str]) -> tuple[float, dict]:
     paths = RunPaths(run)
-    for stage in ("search", "validate", "export", "report"):
-        shutil.rmtree(paths.root / stage, ignore_errors=True)
+    for outputs in (paths.search, paths.validate, paths.export, paths.report):  # the search and what follows it
+        shutil.rmtree(outputs.dir, ignore_errors=True)
     t0 = time.perf_counter()
     _climb("search", run, config, sets)
     wall = time.perf_counter() - t0

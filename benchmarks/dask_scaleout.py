@@ -189,6 +189,7 @@ def bench_swarm(cfg, paths, n_proxies: int, results: list, details_common: dict,
 
 def bench_overhead(small: Path, target: Path, work: Path, results: list, details_common: dict,
                    steps: int = 30) -> None:
+    from climb.search import read_results
     from climb.stage import RunPaths
     sets = [f'corpus.paths=["{small}/*.parquet"]', 'corpus.build=""', "embed.max_seq_length=64",
             "cluster.k=8", "proxy.vocab_size=512", "proxy.tokenizer_docs=600", f"proxy.steps={steps}",
@@ -209,14 +210,14 @@ def bench_overhead(small: Path, target: Path, work: Path, results: list, details
         walls[kind] = time.time() - t0
         if proc.returncode != 0:
             raise RuntimeError(f"climb run ({kind}) failed:\n{proc.stderr[-3000:]}")
-        stages[kind] = {s: json.loads(RunPaths(run).manifest(s).read_text())["stats"].get("seconds")
+        stages[kind] = {s: RunPaths(run).stats(s).get("seconds")
                         for s in ("embed", "cluster", "search", "export", "report")}
         stages[kind]["load_before"], stages[kind]["load_after"] = l0, load()
         print(f"overhead run {kind}: {walls[kind]:.1f}s, stages {stages[kind]}", flush=True)
     a, b = work / "overhead-local", work / "overhead-dask"
     pa_, pb_ = RunPaths(a), RunPaths(b)
-    ra = {json.loads(x)["mixture_id"]: json.loads(x)["objective"] for x in pa_.search.results.read_text().splitlines() if x.strip()}
-    rb = {json.loads(x)["mixture_id"]: json.loads(x)["objective"] for x in pb_.search.results.read_text().splitlines() if x.strip()}
+    ra = {r["mixture_id"]: r["objective"] for r in read_results(pa_)}
+    rb = {r["mixture_id"]: r["objective"] for r in read_results(pb_)}
     same = ra == rb and all(pq.read_table(pa_.cluster.assignments(s)).equals(pq.read_table(pb_.cluster.assignments(s)))
                             for s in pa_.shards())
     results.append(entry("dask_overhead_small_run_2_workers_vs_in_process", walls["dask"], walls["local"], "s",

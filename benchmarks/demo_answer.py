@@ -75,12 +75,8 @@ def analyse(run: Path) -> dict:
         out["oof_spearman_last"] = (q.get("predictor_oof_spearman") or [None])[-1]
         out["snr"] = q.get("snr")
         out["comparison"] = q.get("comparison")
-    if paths.search.comparison.exists():  # each compared mixture's mean target score over the comparison seeds
-        scores: dict[str, list[float]] = {}
-        for key, r in json.loads(paths.search.comparison.read_text()).items():
-            if r.get("status") == "ok":
-                scores.setdefault(key.split("/")[0], []).append(r["objective"])
-        out["score"] = {name: float(np.mean(v)) for name, v in scores.items()}
+    if paths.manifest("search").exists():  # each compared mixture's mean target score over the comparison seeds
+        out["score"] = paths.stats("search").get("comparison")
     return out
 
 

@@ -6,8 +6,8 @@ mixture by as much as the variant might. This script takes finished demo-style
 runs of two variants, one pair per search seed, and compares the found mixtures'
 target scores:
 
-- for each run, the found mixture's mean score over its comparison seeds
-  (`search/comparison.json`; the comparison seeds are the same in every run);
+- for each run, the found mixture's mean score over its comparison seeds (the
+  search stage's own comparison table; the comparison seeds must be the same);
 - per search seed, A's mean minus B's;
 - over the search seeds, the paired 95% t-interval of that difference and its
   verdict (`climb.quality.paired_comparison`);
@@ -24,24 +24,22 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def found_mixture(run: Path) -> dict:
     """The found mixture's mean target score and the search seed of one finished run."""
-    import tomllib
-
+    from climb.config import load_config
     from climb.stage import RunPaths
-    comparison = json.loads(RunPaths(run).search.comparison.read_text())
-    scores = {k: v["objective"] for k, v in comparison.items() if k.startswith("climb/") and v.get("status") == "ok"}
-    if not scores:
+    paths = RunPaths(run)
+    cfg = load_config(paths.config)
+    score = paths.stats("search").get("comparison", {}).get("climb")  # the search's own comparison table
+    if score is None:
         raise SystemExit(f"{run}: no finished comparison of the found mixture")
-    cfg = tomllib.loads(RunPaths(run).config.read_text())
-    return {"run": str(run), "search_seed": cfg["search"]["seed"], "goal": cfg["target"].get("goal", "minimize"),
-            "comparison_seeds": sorted(int(k.split("/")[1]) for k in scores),
-            "score": float(np.mean(list(scores.values())))}
+    return {"run": str(run), "search_seed": cfg.search.seed, "goal": cfg.target.goal,
+            "comparison_seeds": [cfg.search.eval_seed + s for s in range(cfg.search.eval_seeds)],
+            "score": float(score)}
 
 
 def compare(a_runs: list[Path], b_runs: list[Path], margin: float) -> dict:
