@@ -22,30 +22,24 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from climb.stage import RunPaths  # noqa: E402
+from common import RESULTS, load_avg, now, run_climb, run_paths, show, timer, write_result
 
-OUT = ROOT / "benchmarks" / "results" / "busy_machine.json"
+OUT = RESULTS / "busy_machine.json"
 BUSY = "while True:\n    pass\n"
 
 
 def _climb(stage: str, run: Path, config: str, sets: list[str]) -> None:
-    cmd = [sys.executable, "-m", "climb.cli", stage, "--config", config, "--run", str(run)]
-    for s in sets:
-        cmd += ["--set", s]
-    subprocess.run(cmd, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), cwd=ROOT)
+    run_climb([stage, "--config", config, "--run", run], sets)
 
 
 def _search(run: Path, config: str, sets: list[str]) -> tuple[float, dict]:
-    paths = RunPaths(run)
+    paths = run_paths(run)
     for outputs in (paths.search, paths.validate, paths.export, paths.report):  # the search and what follows it
         shutil.rmtree(outputs.dir, ignore_errors=True)
-    t0 = time.perf_counter()
-    _climb("search", run, config, sets)
-    wall = time.perf_counter() - t0
+    with timer() as t:
+        _climb("search", run, config, sets)
     comparison = json.loads(paths.search.comparison.read_text())
-    return wall, {k: v["objective"] for k, v in sorted(comparison.items())}
+    return t.seconds, {k: v["objective"] for k, v in sorted(comparison.items())}
 
 
 def main() -> None:
@@ -55,12 +49,12 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], dest="sets", help="config overrides for both searches")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
-    if not RunPaths(a.run).manifest("cluster").exists():
+    if not run_paths(a.run).manifest("cluster").exists():
         raise SystemExit(f"{a.run}: no finished cluster stage; run `climb run` (or make demo) first")
     # The stages before the search brought up to date first, untimed (a copied run folder's
     # corpus has moved, so it is embedded again): each timed run is the search alone.
     _climb("tokenize", a.run, a.config, a.sets)
-    load_before = os.getloadavg()
+    load_before = load_avg(None)
     idle, idle_res = _search(a.run, a.config, a.sets)
     print(f"idle: {idle:.1f} s", flush=True)
     busy_proc = subprocess.Popen([sys.executable, "-c", BUSY])
@@ -71,13 +65,12 @@ def main() -> None:
         busy_proc.kill()
         busy_proc.wait()
     print(f"busy: {busy:.1f} s", flush=True)
-    out = {"benchmark": "busy_machine", "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "run": str(a.run),
+    out = {"benchmark": "busy_machine", "date": now(), "run": str(a.run),
            "config": a.config, "sets": a.sets, "cpu_count": os.cpu_count(), "load_average_before": load_before,
            "idle_s": round(idle, 1), "busy_s": round(busy, 1), "ratio_idle_over_busy": round(idle / busy, 3),
            "target": ">= 0.4", "same_results": idle_res == busy_res, "comparison_idle": idle_res}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps({k: out[k] for k in ("idle_s", "busy_s", "ratio_idle_over_busy", "same_results")}))
+    write_result(a.out, out, indent=1)
+    show(out, "idle_s", "busy_s", "ratio_idle_over_busy", "same_results")
 
 
 if __name__ == "__main__":

@@ -9,16 +9,14 @@ purity of the fine (k-means) and final (merged) clusters against `source` and
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 from sklearn.metrics import normalized_mutual_info_score
 
+from common import run_paths, show
 from climb.config import load_config
-from climb.embed import shard_name
-from climb.stage import RunPaths
+from climb.stages.embed import shard_name
 
 
 def purity(clusters: np.ndarray, labels: np.ndarray) -> float:
@@ -34,7 +32,7 @@ def main() -> None:
     ap.add_argument("--run", required=True)
     ap.add_argument("--config", default=None, help="defaults to <run>/config.toml")
     args = ap.parse_args()
-    paths = RunPaths(Path(args.run))
+    paths = run_paths(args.run)
     cfg = load_config(args.config or paths.root / "config.toml")
     files = {shard_name(f): f for f in paths.corpus_files(cfg)}
     fine, final, labs = [], [], {"source": [], "label": []}
@@ -58,7 +56,7 @@ def main() -> None:
         out[f"nmi_merged_vs_{c}"] = round(normalized_mutual_info_score(y, final_a), 4)
         out[f"purity_fine_vs_{c}"] = round(purity(fine_a, y), 4)
         out[f"purity_merged_vs_{c}"] = round(purity(final_a, y), 4)
-    print(json.dumps(out, indent=2))
+    show(out, indent=2)
 
 
 if __name__ == "__main__":

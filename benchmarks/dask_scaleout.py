@@ -28,16 +28,15 @@ free. Needs ../shared/data/corpus; without it the script says so and exits 0.
 """
 from __future__ import annotations
 
-import os
+from common import (CORPUS, RESULTS, ROOT, go_offline, load_avg, now, run_climb, run_paths, shared_or_skip,
+                    write_result)
 
-for _k, _v in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-               "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
-    os.environ.setdefault(_k, _v)
+go_offline(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import shutil  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -45,13 +44,6 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CORPUS = ROOT.parent / "shared" / "data" / "corpus"
-
-
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def entry(name: str, ours: float, baseline: float, unit: str, details: dict) -> dict:
@@ -64,7 +56,7 @@ def entry(name: str, ours: float, baseline: float, unit: str, details: dict) -> 
 
 def _warm_embed(ecfg) -> str:  # runs on each worker (pickled by value: defined in __main__)
     import torch
-    from climb.embed import load_model
+    from climb.stages.embed import load_model
     torch.set_num_threads(1)
     load_model(ecfg)
     return "ok"
@@ -72,7 +64,7 @@ def _warm_embed(ecfg) -> str:  # runs on each worker (pickled by value: defined 
 
 def _warm_proxy() -> int:
     import torch
-    import climb.proxy_runs  # noqa: F401
+    import climb.runtime.proxy_runs  # noqa: F401
     torch.set_num_threads(1)
     return torch.get_num_threads()
 
@@ -96,14 +88,14 @@ def write_subsets(corpus: Path, work: Path, docs: int) -> tuple[Path, Path, Path
 
 
 def bench_embed(cfg, paths, results: list, details_common: dict) -> None:
-    from climb import embed
-    from climb.executor import DaskExecutor
+    from climb.stages import embed
+    from climb.runtime.executor import DaskExecutor
     import torch
     torch.set_num_threads(1)
     files = paths.corpus_files(cfg)
     embed.load_model(cfg.embed)  # in-process model loaded before timing, as the workers' are
     t0 = time.time()
-    l0 = load()
+    l0 = load_avg()
     stats = embed.run(cfg, paths)  # the real stage, in-process: also the input of the swarm below
     local_s = time.time() - t0
     docs = stats["docs"]
@@ -118,11 +110,11 @@ def bench_embed(cfg, paths, results: list, details_common: dict) -> None:
             started = time.time() - t_start
             ex.client.run(_warm_embed, cfg.embed)
             warm = time.time() - t_start - started
-            l0 = load()
+            l0 = load_avg()
             t0 = time.time()
             ex.map(embed.embed_shard, tasks, desc=f"embed x{n}", resources={"GPU": 1})
             secs = time.time() - t0
-            l1 = load()
+            l1 = load_avg()
         same = all(np.array_equal(ref[k], np.load(out_dir / k)) for k in ref)
         per_n[n] = {"seconds": round(secs, 2), "docs_per_s": round(docs / secs, 2), "cluster_start_s": round(started, 2),
                     "worker_model_load_s": round(warm, 2), "load_before": l0, "load_after": l1,
@@ -140,9 +132,9 @@ def bench_embed(cfg, paths, results: list, details_common: dict) -> None:
 
 
 def bench_swarm(cfg, paths, n_proxies: int, results: list, details_common: dict, in_process: bool) -> None:
-    from climb import cluster, search, tokenization
-    from climb.executor import DaskExecutor, LocalExecutor
-    from climb.proxy_runs import train_and_score
+    from climb.stages import cluster, search, tokenization
+    from climb.runtime.executor import DaskExecutor, LocalExecutor
+    from climb.runtime.proxy_runs import train_and_score
     cluster.run(cfg, paths)
     tokenization.run(cfg, paths)
     tokens = tokenization.cluster_tokens(paths)
@@ -154,21 +146,21 @@ def bench_swarm(cfg, paths, n_proxies: int, results: list, details_common: dict,
     strip = lambda recs: [{a: b for a, b in r.items() if a != "seconds"} for r in recs]  # noqa: E731
     per = {}
     if in_process:
-        l0 = load()
+        l0 = load_avg()
         t0 = time.time()
         recs = LocalExecutor().map(train_and_score, tasks)
         secs = time.time() - t0
         per["in_process"] = {"seconds": round(secs, 2), "proxies_per_min": round(60 * n_proxies / secs, 3),
-                             "load_before": l0, "load_after": load(), "records": strip(recs)}
+                             "load_before": l0, "load_after": load_avg(), "records": strip(recs)}
         print(f"swarm in-process: {n_proxies} proxies in {secs:.1f}s, load {l0}", flush=True)
     for n in (1, 2):
         with DaskExecutor("", workers=n, threads_per_worker=1, reuse=False) as ex:
             ex.client.run(_warm_proxy)
-            l0 = load()
+            l0 = load_avg()
             t0 = time.time()
             recs = ex.map(train_and_score, tasks, desc=f"swarm x{n}", resources={"GPU": 1})
             secs = time.time() - t0
-            l1 = load()
+            l1 = load_avg()
         per[n] = {"seconds": round(secs, 2), "proxies_per_min": round(60 * n_proxies / secs, 3),
                   "load_before": l0, "load_after": l1, "records": strip(recs)}
         print(f"swarm dask x{n}: {n_proxies} proxies in {secs:.1f}s ({60 * n_proxies / secs:.2f}/min), "
@@ -189,8 +181,7 @@ def bench_swarm(cfg, paths, n_proxies: int, results: list, details_common: dict,
 
 def bench_overhead(small: Path, target: Path, work: Path, results: list, details_common: dict,
                    steps: int = 30) -> None:
-    from climb.search import read_results
-    from climb.stage import RunPaths
+    from climb.stages.search import read_results
     sets = [f'corpus.paths=["{small}/*.parquet"]', 'corpus.build=""', "embed.max_seq_length=64",
             "cluster.k=8", "proxy.vocab_size=512", "proxy.tokenizer_docs=600", f"proxy.steps={steps}",
             "proxy.warmup_steps=3", "search.iterations=[4,2]", "search.pool_size=5000",
@@ -198,24 +189,20 @@ def bench_overhead(small: Path, target: Path, work: Path, results: list, details
     walls, stages = {}, {}
     for kind in ("local", "dask"):
         run = work / f"overhead-{kind}"
-        cmd = [sys.executable, "-m", "climb.cli", "run", "--config", str(ROOT / "pipelines" / "demo.toml"),
-               "--run", str(run)]
-        for s in sets:
-            cmd += ["--set", s]
-        if kind == "dask":
-            cmd += ["--executor", "dask", "--dask-workers", "2"]
-        l0 = load()
+        executor = ["--executor", "dask", "--dask-workers", "2"] if kind == "dask" else []
+        l0 = load_avg()
         t0 = time.time()
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        proc = run_climb(["run", "--config", ROOT / "pipelines" / "demo.toml", "--run", run, *executor], sets,
+                         check=False, capture=True)
         walls[kind] = time.time() - t0
         if proc.returncode != 0:
             raise RuntimeError(f"climb run ({kind}) failed:\n{proc.stderr[-3000:]}")
-        stages[kind] = {s: RunPaths(run).stats(s).get("seconds")
+        stages[kind] = {s: run_paths(run).stats(s).get("seconds")
                         for s in ("embed", "cluster", "search", "export", "report")}
-        stages[kind]["load_before"], stages[kind]["load_after"] = l0, load()
+        stages[kind]["load_before"], stages[kind]["load_after"] = l0, load_avg()
         print(f"overhead run {kind}: {walls[kind]:.1f}s, stages {stages[kind]}", flush=True)
     a, b = work / "overhead-local", work / "overhead-dask"
-    pa_, pb_ = RunPaths(a), RunPaths(b)
+    pa_, pb_ = run_paths(a), run_paths(b)
     ra = {r["mixture_id"]: r["objective"] for r in read_results(pa_)}
     rb = {r["mixture_id"]: r["objective"] for r in read_results(pb_)}
     same = ra == rb and all(pq.read_table(pa_.cluster.assignments(s)).equals(pq.read_table(pb_.cluster.assignments(s)))
@@ -228,11 +215,11 @@ def bench_overhead(small: Path, target: Path, work: Path, results: list, details
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--docs", type=int, default=2000)
     ap.add_argument("--proxies", type=int, default=8)
     ap.add_argument("--no-in-process-swarm", action="store_true", help="skip the in-process swarm baseline")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "dask_scaleout.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "dask_scaleout.json")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, to check the script runs (figures meaningless)")
     ap.add_argument("--parts", default="embed,swarm,overhead",
@@ -245,20 +232,17 @@ def main() -> int:
     steps = [] if not args.quick else ["proxy.steps=5", "proxy.warmup_steps=1"]
     if args.quick:
         args.docs, args.proxies = 200, 2
-    if not args.corpus.is_dir() or not list(args.corpus.glob("*.parquet")):
-        print(f"dask_scaleout: skipped: the shared corpus {args.corpus} is not here "
-              "(it lives at ../shared/data/corpus beside the checkout)")
+    if shared_or_skip(args.corpus, "dask_scaleout", "*.parquet") is None:
         return 0
     from climb.config import load_config
-    from climb.executor import shutdown
-    from climb.stage import RunPaths
+    from climb.runtime.executor import shutdown
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="climb-dask-bench-"))
     if args.keep and work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     t_all = time.time()
-    common = {"cpus": os.cpu_count(), "threads_per_process": 1, "load_at_start": load(),
+    common = {"cpus": os.cpu_count(), "threads_per_process": 1, "load_at_start": load_avg(),
               "note": "load average = runnable processes incl. other users' jobs on this shared machine"}
     results: list = []
     try:
@@ -266,7 +250,7 @@ def main() -> int:
         cfg = load_config(ROOT / "pipelines" / "demo.toml", [
             f'corpus.paths=["{emb}/*.parquet"]', 'corpus.build=""', 'embed.device="cpu"', 'proxy.device="cpu"',
             f'target.texts=["{target}"]', "cluster.k=8", "proxy.tokenizer_docs=2000", *steps])
-        paths = RunPaths(work / "run")
+        paths = run_paths(work / "run")
         paths.save_config(cfg)
         if parts & {"embed", "swarm"}:  # the swarm trains on clusters of the embedded subset
             bench_embed(cfg, paths, results if "embed" in parts else [], common)
@@ -279,14 +263,13 @@ def main() -> int:
         shutdown()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     for r in results:
-        r["details"].update(date=time.strftime("%Y-%m-%dT%H:%M:%S"), benchmark_seconds=round(time.time() - t_all, 1),
-                            load_at_end=load(), quick=args.quick)
+        r["details"].update(date=now(), benchmark_seconds=round(time.time() - t_all, 1),
+                            load_at_end=load_avg(), quick=args.quick)
     if args.out.exists() and parts != {"embed", "swarm", "overhead"}:
         new = {r["name"] for r in results}
         results = [r for r in json.loads(args.out.read_text()) if r["name"] not in new] + results
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_result(args.out, results)
     for r in results:
         print(f"{r['name']}: {r['ours']} vs {r['baseline']} {r['unit']} (ratio {r['ratio']})")
     print(f"wrote {args.out}")

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 from scipy.stats import spearmanr
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import run_paths, show, write_result
 
 TARGET_LABEL = "tech"
 
@@ -35,9 +34,8 @@ TARGET_LABEL = "tech"
 def cluster_label_shares(run: Path, label: str = TARGET_LABEL) -> np.ndarray:
     """Per cluster, the share of its tokens from documents with `label` (pruned documents skipped)."""
     from climb.config import load_config
-    from climb.stage import RunPaths
     from proxies.tokenizer import load_tokenizer
-    paths = RunPaths(run)
+    paths = run_paths(run)
     tok = load_tokenizer(paths.tokenize.tokenizer)
     files = paths.shard_files(load_config(paths.config))
     hit = np.zeros(paths.n_clusters())
@@ -57,8 +55,7 @@ def cluster_label_shares(run: Path, label: str = TARGET_LABEL) -> np.ndarray:
 
 
 def analyse(run: Path) -> dict:
-    from climb.stage import RunPaths
-    paths = RunPaths(run)
+    paths = run_paths(run)
     shares = cluster_label_shares(run)
     recs = [json.loads(line) for line in paths.search.results.read_text().splitlines() if line.strip()]
     ok = [r for r in recs if r.get("status") == "ok" and r.get("objective") is not None]
@@ -86,10 +83,9 @@ def main(argv=None) -> None:
     ap.add_argument("--json", default="", help="also write the figures here")
     a = ap.parse_args(argv)
     out = analyse(Path(a.run))
-    text = json.dumps(out, indent=1)
-    print(text)
+    show(out, indent=1)
     if a.json:
-        Path(a.json).write_text(text + "\n")
+        write_result(Path(a.json), out, indent=1)
 
 
 if __name__ == "__main__":

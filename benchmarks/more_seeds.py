@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import run_paths, write_result
 
 
 def main() -> None:
@@ -31,17 +28,16 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     from climb.config import load_config
-    from climb.device import proxy_processes
-    from climb.executor import make_executor
-    from climb.files import read_json
-    from climb.search import compare, comparison_table
-    from climb.stage import RunPaths
+    from climb.runtime.device import proxy_processes
+    from climb.runtime.executor import make_executor
+    from climb.io.files import read_json
+    from climb.stages.search import compare, comparison_table
 
     cfg = load_config(a.run / "config.toml")
     if a.seeds < cfg.search.eval_seeds:
         raise SystemExit(f"--seeds {a.seeds} is fewer than the run's own {cfg.search.eval_seeds}")
     work = a.work or a.run.with_name(f"{a.run.name}-seeds{a.seeds}")
-    run, kept = RunPaths(a.run), RunPaths(work)
+    run, kept = run_paths(a.run), run_paths(work)
     if not work.exists():
         shutil.copytree(run.search.dir, kept.search.dir)
         shutil.copy2(run.config, kept.config)
@@ -60,8 +56,7 @@ def main() -> None:
     out = {"run": str(a.run), "seeds": a.seeds, "seconds": round(time.time() - t0, 1), "means": table,
            "verdicts": verdicts, "verdicts_run_seeds": first,
            "per_seed": {n: {str(s): r["objective"] for s, r in per.items()} for n, per in runs.items()}}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    write_result(a.out, out, indent=1)
     for n, c in verdicts.items():
         print(f"climb vs {n}: {c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] {c['verdict']} "
               f"({c['seeds']} seeds; with the run's own: {first[n]['verdict']})")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,16 +36,15 @@ import numpy as np
 import pandas as pd
 from sklearn.model_selection import KFold
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from climb.gp import GPPredictor  # noqa: E402
-from climb.predictor import (BlendPredictor, LightGBMPredictor, LinearPredictor, make_predictor,  # noqa: E402
-                             rank_metrics)
-from climb.swarm_csv import read_swarm, target_values  # noqa: E402
-from climb.predictor_cli import evaluate  # noqa: E402
+from common import REGMIX, RESULTS, run_climb, shared_or_skip, write_result
+from climb.optimize.gp import GPPredictor
+from climb.optimize.predictor import (BlendPredictor, LightGBMPredictor, LinearPredictor, make_predictor,
+                                      rank_metrics)
+from climb.io.swarm_csv import read_swarm, target_values
+from climb.cli.predictor import evaluate
 
-DATA = ROOT.parent / "shared" / "data" / "swarms" / "regmix"
-OUT = ROOT / "benchmarks" / "results" / "predictor_regmix.json"
+DATA = REGMIX
+OUT = RESULTS / "predictor_regmix.json"
 PILE_CC, GITHUB, MEAN = "metric/the_pile_pile_cc_val_loss", "metric/the_pile_github_val_loss", "mean_13_losses"
 TESTS = {"1M": "1m", "60M": "60m", "1B": "1B"}
 log = logging.getLogger("predictor_regmix")
@@ -188,12 +186,12 @@ def evaluate_all(res: dict, models=("default", "lightgbm", "linear")) -> None:
                              r["top1_regret"])
     res["evaluate"] = rows
     # the CLI path must give the same number as the in-process call above
-    cmd = [sys.executable, "-m", "climb.predictor_cli", "predictor", "evaluate",
-           "--train-weights", str(DATA / "train_mixture_1m.csv"),
-           "--train-metrics", str(DATA / "train_pile_loss_1m.csv"),
-           "--test-weights", str(DATA / "test_mixture_1m.csv"), "--test-metrics", str(DATA / "test_pile_loss_1m.csv"),
-           "--key", "index", "--target", PILE_CC, "--goal", "minimize"]
-    cli = json.loads(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout)
+    cli = json.loads(run_climb(["predictor", "evaluate",
+                                "--train-weights", DATA / "train_mixture_1m.csv",
+                                "--train-metrics", DATA / "train_pile_loss_1m.csv",
+                                "--test-weights", DATA / "test_mixture_1m.csv",
+                                "--test-metrics", DATA / "test_pile_loss_1m.csv",
+                                "--key", "index", "--target", PILE_CC, "--goal", "minimize"], capture=True).stdout)
     same = next(r for r in rows if r["target"] == PILE_CC and r["test"] == "1M" and r["model"] == "default")
     res["cli_check"] = {"cli_spearman": cli["spearman"], "in_process_spearman": same["spearman"]}
 
@@ -214,8 +212,8 @@ def small_n(res: dict, models=("default", "lightgbm", "gp")) -> None:
 
 
 def timing(res: dict) -> None:
-    from climb.candidates import sample_candidates
-    from climb.predictor import propose
+    from climb.optimize.candidates import sample_candidates
+    from climb.optimize.predictor import propose
     tr = read_swarm(DATA / "train_mixture_1m.csv", DATA / "train_pile_loss_1m.csv")
     y = target_values(tr, PILE_CC)
     t0 = time.time()
@@ -300,16 +298,14 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    if not DATA.is_dir():
-        print(f"no RegMix data at {DATA}; nothing to do", file=sys.stderr)
+    if shared_or_skip(DATA, "predictor_regmix") is None:
         return 0
     res = json.loads(args.out.read_text()) if args.out.exists() else {}
     for flag, fn in ((args.select, select), (args.evaluate, evaluate_all), (args.small_n, small_n),
                      (args.timing or args.evaluate or args.small_n, timing)):
         if flag:
             fn(res)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(_finite(res), indent=1))
+    write_result(args.out, _finite(res), indent=1)
     print(markdown(res))
     return 0
 

@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-OUT = ROOT / "benchmarks" / "results"
+from common import CORPUS, RESULTS, timer, write_result
 
 
 def _table(fn, steps: int, rows: int = 12) -> str:
@@ -34,19 +30,18 @@ def _table(fn, steps: int, rows: int = 12) -> str:
 def _gemm_rate(m: int, k: int, n: int, dtype=torch.float32, reps: int = 10) -> float:
     a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
     a @ b
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    return 2 * m * k * n * reps / (time.perf_counter() - t0) / 1e9
+    with timer() as t:
+        for _ in range(reps):
+            a @ b
+    return 2 * m * k * n * reps / t.seconds / 1e9
 
 
 def embed() -> str:
     import pyarrow.parquet as pq
 
     from climb.config import EmbedConfig
-    from climb.embed import encode, load_model
-    from benchmarks.stages import SHARED
-    texts = pq.read_table(SHARED / "part-00000.parquet", columns=["text"])["text"].to_pylist()[:256]
+    from climb.stages.embed import encode, load_model
+    texts = pq.read_table(CORPUS / "part-00000.parquet", columns=["text"])["text"].to_pylist()[:256]
     # The torch backend: the profiler sees inside torch ops, while an OpenVINO call is one opaque op.
     cfg = EmbedConfig(max_seq_length=256, backend="torch")
     model = load_model(cfg)
@@ -105,10 +100,10 @@ def swarm() -> str:
     for name, fn in (("bmm 8 x [2048 x 64] @ [64 x 1024]", lambda: torch.bmm(a, b)),
                      ("8 x mm, same shapes", lambda: [a[i] @ b[i] for i in range(8)])):
         fn()
-        t0 = time.perf_counter()
-        for _ in range(10):
-            fn()
-        out.append(f"  {name}: {(time.perf_counter() - t0) * 100:.1f} ms (1 thread)")
+        with timer() as t:
+            for _ in range(10):
+                fn()
+        out.append(f"  {name}: {t.seconds * 100:.1f} ms (1 thread)")
     torch.set_num_threads(threads)
     return "\n".join(out)
 
@@ -125,14 +120,14 @@ def cluster() -> str:
     # Both stop early once converged (FAISS: objective unchanged; scikit-learn: labels unchanged),
     # so time is divided by the iterations each actually ran.
     km = faiss.Kmeans(x.shape[1], k, niter=iters, seed=0, max_points_per_centroid=256, verbose=False)
-    t0 = time.perf_counter()
-    km.train(x)
+    with timer() as t:
+        km.train(x)
     n_faiss = len(km.obj)
-    t_faiss = (time.perf_counter() - t0) / n_faiss
-    t0 = time.perf_counter()
-    sk = KMeans(n_clusters=k, algorithm="lloyd", n_init=1, max_iter=iters, init="random", tol=0.0,
-                random_state=0).fit(x)
-    t_sk = (time.perf_counter() - t0) / sk.n_iter_
+    t_faiss = t.seconds / n_faiss
+    with timer() as t:
+        sk = KMeans(n_clusters=k, algorithm="lloyd", n_init=1, max_iter=iters, init="random", tol=0.0,
+                    random_state=0).fit(x)
+    t_sk = t.seconds / sk.n_iter_
     peak = _sgemm_peak()
     return "\n".join([
         f"k-means, 100k x 384, k = {k}, up to {iters} iterations: each Lloyd iteration is one "
@@ -160,9 +155,9 @@ def _sgemm_peak() -> dict:
         a @ b
         best = float("inf")
         for _ in range(5):
-            t0 = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - t0)
+            with timer() as t:
+                a @ b
+            best = min(best, t.seconds)
         out[name] = 2 * m * k * n / best / 1e9
     return out
 
@@ -172,10 +167,9 @@ PROFILES = {"embed": embed, "train": train, "swarm": swarm, "cluster": cluster}
 
 def main() -> None:
     names = sys.argv[1:] or list(PROFILES)
-    OUT.mkdir(parents=True, exist_ok=True)
     for name in names:
         text = PROFILES[name]()
-        (OUT / f"profile_{name}.txt").write_text(text + "\n")
+        write_result(RESULTS / f"profile_{name}.txt", text + "\n")
         print(f"== {name}\n{text}", flush=True)
 
 

@@ -32,8 +32,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import RESULTS, run_paths, write_result
 
 # proxy.* overrides per named variant ("iid" is the sampler before exact batches and common streams).
 VARIANTS = {
@@ -51,13 +50,13 @@ def _init_worker() -> None:
 
 
 def _run(task: dict) -> dict:
-    from climb.proxy_runs import train_and_score
+    from climb.runtime.proxy_runs import train_and_score
     return train_and_score(task)
 
 
 def noise_stats(table: np.ndarray) -> dict:
     """table[m, s]: objective of mixture m with seed s; the search's own noise figures plus the table."""
-    from climb.quality import noise
+    from climb.optimize.quality import noise
     n = noise(table)
     return {"seed_sd": n["seed_sd"], "paired_sd": n["paired_sd"], "mixture_means": table.mean(1).round(4).tolist(),
             "table": table.round(4).tolist()}
@@ -82,19 +81,17 @@ def main(argv=None) -> None:
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--swarm", type=int, default=16, help="mixtures of the initial sampler, one seed each")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "proxy_noise.json"))
+    ap.add_argument("--out", default=str(RESULTS / "proxy_noise.json"))
     a = ap.parse_args(argv)
 
     from climb.config import load_config
-    from climb.search import candidate_pool, mixture_space, proxy_task
-    from climb.stage import RunPaths
+    from climb.stages.search import candidate_pool, mixture_space, proxy_task
     from proxies.tokens import TokenStore
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from demo_answer import cluster_label_shares
+    from benchmarks.demo_answer import cluster_label_shares
 
     run = Path(a.run).resolve()
     cfg = load_config(a.config or run / "config.toml")
-    paths = RunPaths(run)
+    paths = run_paths(run)
     store = TokenStore(paths.tokenize.store)
     space = mixture_space(cfg, store.tokens.astype(np.int64))
     swarm = candidate_pool(cfg, space, max(a.swarm * 20, 1000), cfg.search.seed)[: a.swarm]
@@ -139,8 +136,7 @@ def main(argv=None) -> None:
                   f"snr {st['snr']:.2f} tech rho {st.get('spearman_tech', float('nan')):.2f} "
                   f"train_loss {st['train_loss']:.3f} ({st['seconds']:.0f} s, {st['proxy_seconds']:.1f} s/proxy)",
                   flush=True)
-            Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
+            write_result(Path(a.out), results, indent=1)
 
 
 if __name__ == "__main__":

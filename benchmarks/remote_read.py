@@ -8,7 +8,7 @@ The shards are read where they are on disk and put into a bucket of moto's S3
 server, started here in a process of its own on 127.0.0.1 (so it does not share
 this process's interpreter lock), reached through s3fs with credentials and
 endpoint from the environment as a user sets them. Each pass reads every shard
-with `climb.files.read_documents` (what `climb embed` iterates, batch_rows 2048),
+with `climb.io.files.read_documents` (what `climb embed` iterates, batch_rows 2048),
 resolving the files with the same glob a config would hold; local and S3 passes
 alternate after one warm-up pass each (the page cache and the server's memory
 both hot), and the median pass is reported. The figure is the reader's cost:
@@ -21,7 +21,6 @@ test extra (moto[server], s3fs); without them the script says so and exits 0.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import statistics
@@ -30,8 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CORPUS = ROOT.parent / "shared" / "data" / "corpus"
+from common import CORPUS, RESULTS, load_avg, shared_or_skip, show, timer, today, write_result
 
 
 def _free_port() -> int:
@@ -56,45 +54,43 @@ def start_server() -> tuple[subprocess.Popen, str]:
 
 
 def read_pass(pattern: str, shards: int, batch_rows: int) -> dict:
-    from climb.files import read_documents, resolve_corpus_files
-    t0 = time.perf_counter()
+    from climb.io.files import read_documents, resolve_corpus_files
     docs = chars = 0
-    for f in resolve_corpus_files([pattern], max_shards=shards):
-        for b in read_documents(f, "text", "id", batch_rows=batch_rows):
-            docs += len(b.ids)
-            chars += sum(len(t) for t in b.texts)
-    return {"seconds": time.perf_counter() - t0, "docs": docs, "chars": chars}
+    with timer() as t:
+        for f in resolve_corpus_files([pattern], max_shards=shards):
+            for b in read_documents(f, "text", "id", batch_rows=batch_rows):
+                docs += len(b.ids)
+                chars += sum(len(text) for text in b.texts)
+    return {"seconds": t.seconds, "docs": docs, "chars": chars}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    ap.add_argument("--corpus", type=Path, default=CORPUS)
     ap.add_argument("--shards", type=int, default=0, help="read only the first N shards (0: all)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch-rows", type=int, default=2048)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "remote_read.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "remote_read.json")
     args = ap.parse_args(argv)
-    shards = sorted(args.corpus.glob("*.parquet"))[: args.shards or None]
-    if not shards:
-        print(f"no corpus at {args.corpus}; nothing measured")
+    if shared_or_skip(args.corpus, "remote_read", "*.parquet") is None:
         return 0
+    shards = sorted(args.corpus.glob("*.parquet"))[: args.shards or None]
     try:
         import moto.server  # noqa: F401
         import s3fs
     except ImportError as e:
         print(f"needs the test extra (moto[server], s3fs): {e}; nothing measured")
         return 0
-    sys.path.insert(0, str(ROOT))
     proc, endpoint = start_server()
     try:
         os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
                           AWS_ENDPOINT_URL=endpoint, AWS_EC2_METADATA_DISABLED="true")
         fs = s3fs.S3FileSystem()
         fs.mkdir("bench")
-        t0 = time.perf_counter()
-        for p in shards:
-            fs.put_file(str(p), f"bench/corpus/{p.name}")
-        upload_s = time.perf_counter() - t0
+        with timer() as t:
+            for p in shards:
+                fs.put_file(str(p), f"bench/corpus/{p.name}")
+        upload_s = t.seconds
         nbytes = sum(p.stat().st_size for p in shards)
         # One glob per source, as a config's corpus.paths would hold it.
         sources = {"local": str(args.corpus.resolve() / "*.parquet"), "s3": "s3://bench/corpus/*.parquet"}
@@ -113,25 +109,23 @@ def main(argv=None) -> int:
     docs = passes["local"][0]["docs"]
     assert all(p["docs"] == docs for v in passes.values() for p in v), "S3 and local read different documents"
     rate = {k: docs / s for k, s in med.items()}
-    load = os.getloadavg()
+    load = load_avg()
     result = [{
         "name": "remote_read", "ours": round(rate["s3"], 1), "baseline": round(rate["local"], 1),
         "unit": "docs/s", "ratio": round(rate["s3"] / rate["local"], 3),
         "details": {
-            "what": "climb.files.read_documents over every shard (embed's reader): ours = s3:// from moto's S3 "
+            "what": "climb.io.files.read_documents over every shard (embed's reader): ours = s3:// from moto's S3 "
                     "server on 127.0.0.1 through s3fs, baseline = local disk",
             "shards": len(shards), "docs": docs, "chars": passes["local"][0]["chars"], "file_bytes": nbytes,
             "mb_per_s_s3": round(nbytes / med["s3"] / 1e6, 1), "mb_per_s_local": round(nbytes / med["local"] / 1e6, 1),
             "seconds_s3": [round(p["seconds"], 3) for p in passes["s3"]],
             "seconds_local": [round(p["seconds"], 3) for p in passes["local"]],
             "upload_seconds": round(upload_s, 2), "batch_rows": args.batch_rows, "repeats": args.repeats,
-            "cpus": os.cpu_count(), "loadavg_after": [round(x, 2) for x in load],
-            "date": time.strftime("%Y-%m-%d"),
+            "cpus": os.cpu_count(), "loadavg_after": load, "date": today(),
             "command": "python benchmarks/remote_read.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         }}]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    write_result(args.out, result)
+    show(result, indent=2)
     return 0
 
 

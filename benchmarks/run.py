@@ -14,29 +14,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
-import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "benchmarks" / "results"
-SHARED = ROOT.parent / "shared" / "data" / "corpus"
+from common import RESULTS, ROOT, machine, shared_or_skip, write_result
 
 
 def environment() -> dict:
     import torch
-    return {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
-            "threads": torch.get_num_threads(), "cuda": torch.cuda.is_available(),
-            "load_avg": [round(x, 2) for x in os.getloadavg()], "date": time.strftime("%Y-%m-%d")}
+    return {**machine("python", "torch", "cpus"), "threads": torch.get_num_threads(),
+            "cuda": torch.cuda.is_available(), **machine("load_avg", "date")}
 
 
 def save(result: dict) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
     result = dict(result, environment=environment())
-    (RESULTS / f"{result['name']}.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result(RESULTS / f"{result['name']}.json", result)
     print(f"{result['name']}: ours {result['ours']:.4g} vs baseline {result['baseline']:.4g} {result['unit']} "
           f"-> ratio {result['ratio']:.2f}", flush=True)
 
@@ -71,8 +61,7 @@ def main() -> None:
     for name, fn in stages.BENCHMARKS.items():
         if args.only and name not in args.only:
             continue
-        if fn.needs_corpus and not SHARED.exists():
-            print(f"{name}: skipped, {SHARED} is absent (the shared corpus is needed)")
+        if fn.needs_corpus and shared_or_skip("corpus", name) is None:
             continue
         got = fn()
         for result in got if isinstance(got, list) else [got]:

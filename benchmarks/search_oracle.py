@@ -3,8 +3,8 @@
 Every mixture of the pool (the 512 train + 256 test runs of
 `../shared/data/swarms/regmix`, 768 mixtures) has a measured result, so a search
 over it can be run many times and judged exactly: the regret of its pick is the
-pick's loss minus the pool's best. Each strategy below is a `climb.strategy.Strategy`
-run by `climb.strategy.simulate`, i.e. the same initial sampling, predictor,
+pick's loss minus the pool's best. Each strategy below is a `climb.optimize.strategy.Strategy`
+run by `climb.optimize.strategy.simulate`, i.e. the same initial sampling, predictor,
 proposal, exploration and final pick that `climb search` runs with
 `search.candidates` set (tests/test_search.py checks they choose the same mixtures).
 
@@ -54,14 +54,13 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from climb.config import SearchConfig  # noqa: E402
-from climb.strategy import Strategy, from_search_config, simulate  # noqa: E402
-from climb.swarm_csv import read_swarm, target_values  # noqa: E402
+from common import REGMIX, RESULTS, shared_or_skip, write_result
+from climb.config import SearchConfig
+from climb.optimize.strategy import Strategy, from_search_config, simulate
+from climb.io.swarm_csv import read_swarm, target_values
 
-DATA = ROOT.parent / "shared" / "data" / "swarms" / "regmix"
-OUT = ROOT / "benchmarks" / "results" / "search_oracle.json"
+DATA = REGMIX
+OUT = RESULTS / "search_oracle.json"
 TARGETS = {"pile_cc": "metric/the_pile_pile_cc_val_loss", "github": "metric/the_pile_github_val_loss",
            "mean13": None}  # None: the mean of all 13 losses
 BUDGETS = ((32, 16, 8), (16, 8, 4), (64, 32, 16))
@@ -270,10 +269,9 @@ def main() -> int:
               *goal_check(res["cells"]), json.dumps(res.get("select", {}).get("winner")), sep="\n")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    for noisy in ("climb", "climb.predictor", "climb.acquisition"):
+    for noisy in ("climb", "climb.optimize.predictor", "climb.optimize.acquisition"):
         logging.getLogger(noisy).setLevel(logging.ERROR)  # per-fit lines, 100s of them
-    if not DATA.is_dir():
-        print(f"no RegMix data at {DATA}; nothing to do", file=sys.stderr)
+    if shared_or_skip(DATA, "search_oracle") is None:
         return 0
     res = json.loads(args.out.read_text()) if args.out.exists() else {"cells": []}
     variants = ({n: (STRATEGIES | ABLATION | SPLITS)[n] for n in args.strategies} | (ABLATION if args.ablation else {})
@@ -297,13 +295,12 @@ def main() -> int:
                                                           c.get("noise", 0.0)) not in same] + new
     res["pool"] = {"files": "regmix {train,test}_mixture_1m.csv + *_pile_loss_1m.csv", "mixtures": len(pool[0])}
     res.setdefault("runs_wall_s", []).append({"args": sys.argv[1:], "seconds": round(time.time() - t_all, 1)})
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(_dump(res))
+    write_result(args.out, _dump(res))
     print(markdown(new))
     print("\n".join(goal_check(new)))
     if any(c["name"] in ABLATION for c in res["cells"]):
         res["select"] = sel = select(res["cells"])
-        args.out.write_text(_dump(res))
+        write_result(args.out, _dump(res))
         print(f"\nselection rule on pile_cc: winner {sel['winner']!r}; climb's default is "
               f"{'' if sel['default_is_winner'] else 'NOT '}that variant")
     print(f"\nwall time {time.time() - t_all:.0f} s")

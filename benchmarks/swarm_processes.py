@@ -30,20 +30,18 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-OUT = ROOT / "benchmarks" / "results" / "swarm_processes.json"
+from common import RESULTS, load_avg, now, run_paths, show, timer, write_result
+
+OUT = RESULTS / "swarm_processes.json"
 
 
 def _tasks(run: Path, n: int, overrides: list[str]) -> list:
     from climb.config import load_config
-    from climb.search import proxy_task
-    from climb.stage import RunPaths
+    from climb.stages.search import proxy_task
     cfg = load_config(run / "config.toml", overrides)
-    paths = RunPaths(run)
+    paths = run_paths(run)
     plan = json.loads(paths.search.plan(0).read_text())
     mixtures = plan["mixtures"][:n]
     if len(mixtures) < n:
@@ -56,15 +54,14 @@ def _child(mode: str, run: Path, n: int, processes: int, out: Path, overrides: l
     import torch
     if mode == "serial":
         torch.set_num_threads(1)
-    from climb.executor import LocalExecutor
-    from climb.proxy_runs import train_and_score
+    from climb.runtime.executor import LocalExecutor
+    from climb.runtime.proxy_runs import train_and_score
     tasks = _tasks(run, n, overrides)
-    t0 = time.perf_counter()
-    with LocalExecutor(processes if mode == "processes" else 1) as ex:
-        recs = ex.map(train_and_score, tasks, desc=mode, parallel=True)
-    wall = time.perf_counter() - t0
+    with timer() as t:
+        with LocalExecutor(processes if mode == "processes" else 1) as ex:
+            recs = ex.map(train_and_score, tasks, desc=mode, parallel=True)
     keep = [{k: r[k] for k in ("mixture_id", "status", "objective", "metrics", "tokens")} for r in recs]
-    out.write_text(json.dumps({"mode": mode, "wall_s": wall, "torch_threads": torch.get_num_threads(),
+    out.write_text(json.dumps({"mode": mode, "wall_s": t.seconds, "torch_threads": torch.get_num_threads(),
                                "records": keep}))
 
 
@@ -78,12 +75,12 @@ def main() -> None:
                     help="override the run's config for these proxies (e.g. proxy.steps=200)")
     ap.add_argument("--child", nargs=2, metavar=("MODE", "FILE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
-    from climb.workers import cpu_slots
+    from climb.runtime.workers import cpu_slots
     procs = a.processes or cpu_slots()
     if a.child:
         _child(a.child[0], a.run, a.proxies, procs, Path(a.child[1]), a.set)
         return
-    load_before = os.getloadavg()
+    load_before = load_avg(None)
     res = {}
     for mode in ("inprocess", "serial", "processes"):
         f = a.out.with_suffix(f".{mode}.tmp")
@@ -98,9 +95,9 @@ def main() -> None:
     obj = {m: [r["objective"] for r in res[m]["records"]] for m in res}
     diff_inproc = max(abs(x - y) for x, y in zip(obj["processes"], obj["inprocess"]))
     out = {
-        "benchmark": "swarm_processes", "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "run": str(a.run),
+        "benchmark": "swarm_processes", "date": now(), "run": str(a.run),
         "proxies": a.proxies, "overrides": a.set, "processes": procs, "cpu_count": os.cpu_count(), "machine": platform.machine(),
-        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "load_average_before": load_before, "load_average_after": load_avg(None),
         "proxies_per_min": {m: round(v, 3) for m, v in rate.items()},
         "wall_s": {m: round(r["wall_s"], 2) for m, r in res.items()},
         "torch_threads": {m: r["torch_threads"] for m, r in res.items()},
@@ -114,12 +111,9 @@ def main() -> None:
         "max_abs_objective_diff_vs_inprocess": diff_inproc,
         "objectives": obj,
     }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps({k: out[k] for k in ("proxies_per_min", "ratio_processes_vs_inprocess",
-                                          "ceiling_processes_vs_inprocess", "share_of_ceiling",
-                                          "processes_equal_serial_bit_for_bit", "max_abs_objective_diff_vs_inprocess",
-                                          "load_average_after")}, indent=1))
+    write_result(a.out, out, indent=1)
+    show(out, "proxies_per_min", "ratio_processes_vs_inprocess", "ceiling_processes_vs_inprocess", "share_of_ceiling",
+         "processes_equal_serial_bit_for_bit", "max_abs_objective_diff_vs_inprocess", "load_average_after", indent=1)
     if not same:
         raise SystemExit("the worker processes' records differ from the serial run's")
 

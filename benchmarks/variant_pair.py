@@ -10,7 +10,7 @@ target scores:
   search stage's own comparison table; the comparison seeds must be the same);
 - per search seed, A's mean minus B's;
 - over the search seeds, the paired 95% t-interval of that difference and its
-  verdict (`climb.quality.paired_comparison`);
+  verdict (`climb.optimize.quality.paired_comparison`);
 - non-inferiority: A is "no worse" when the interval's upper end (for a loss) is
   below `--margin`.
 
@@ -20,19 +20,15 @@ target scores:
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import run_paths, write_result
 
 
 def found_mixture(run: Path) -> dict:
     """The found mixture's mean target score and the search seed of one finished run."""
     from climb.config import load_config
-    from climb.stage import RunPaths
-    paths = RunPaths(run)
+    paths = run_paths(run)
     cfg = load_config(paths.config)
     score = paths.stats("search").get("comparison", {}).get("climb")  # the search's own comparison table
     if score is None:
@@ -43,7 +39,7 @@ def found_mixture(run: Path) -> dict:
 
 
 def compare(a_runs: list[Path], b_runs: list[Path], margin: float) -> dict:
-    from climb.quality import paired_comparison
+    from climb.optimize.quality import paired_comparison
     if len(a_runs) != len(b_runs):
         raise SystemExit(f"--a has {len(a_runs)} runs and --b {len(b_runs)}: give one pair per search seed")
     a, b = [found_mixture(r) for r in a_runs], [found_mixture(r) for r in b_runs]
@@ -76,7 +72,7 @@ def main(argv=None) -> None:
     print(f"mean {c['diff']:+.4f} {ci} over {c['seeds']} search seeds: {c['verdict']}; "
           f"{args.names[0]} no worse than {args.names[1]} by more than {args.margin}: {out['a_no_worse_than_b']}")
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+        write_result(Path(args.json), out, indent=1)
 
 
 if __name__ == "__main__":

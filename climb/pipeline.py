@@ -6,9 +6,9 @@
     pipeline.run_stage("cluster", cfg, "runs/demo")
 
 Before the first stage, the inputs climb builds itself are built: with
-`corpus.build = "demo"`, the demo corpus under `<run>/data` (climb.demo).
+`corpus.build = "demo"`, the demo corpus under `<run>/data` (climb.stages.demo).
 
-Both hold the run folder's lock (climb.runlock) while they run: a second
+Both hold the run folder's lock (climb.runtime.runlock) while they run: a second
 process on the same folder is refused with a message naming the first. The run
 folder is local (or a mounted filesystem): it holds a lock, append-only logs and
 memory-mapped arrays, which an object store cannot. Inputs may be URLs, and
@@ -20,11 +20,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from . import cluster, demo, embed, export, report, search, tokenization, validate
-from .config import RunConfig, load_config
-from .config_checks import check_run_dir
-from .runlock import hold
-from .stage import OPTIONAL, STAGES, RunPaths
+from climb.config import OPTIONAL, STAGES, RunConfig, load_config
+from climb.config.checks import check_run_dir
+from climb.runtime.runlock import hold
+from climb.runtime.stage import RunPaths
+from climb.stages import cluster, demo, embed, export, report, search, tokenization, validate
 
 log = logging.getLogger(__name__)
 _RUN = {"embed": embed.run, "cluster": cluster.run, "tokenize": tokenization.run, "search": search.run,

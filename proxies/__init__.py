@@ -18,7 +18,7 @@ import sys
 import types
 
 # Imported on first use, so that importing one submodule (e.g. proxies.atomic from
-# climb.files) does not load torch.
+# climb.io.files) does not load torch.
 _EXPORTS = {
     "EOS_TOKEN": "tokenizer",
     "GPT": "model",

@@ -4,7 +4,7 @@
 ``.NAME.XXXX.tmp``); when the block succeeds the temporary file is made readable
 by everyone (0644), fsync'ed and renamed over ``path`` with ``os.replace``; when
 it raises, the temporary file is removed and ``path`` is left as it was. Used by
-the proxies package and, through ``climb.files.atomic_path``, by climb. Standard
+the proxies package and, through ``climb.io.files.atomic_path``, by climb. Standard
 library only (importing it loads no torch).
 
 Usage::

@@ -1,7 +1,7 @@
 """Shared fixtures: an offline, single-threaded environment and a fake embedding model.
 
 Nothing here downloads or loads a real model. `fake_model` replaces
-`climb.embed.load_model` with `FakeModel`, a deterministic hashed bag of words
+`climb.stages.embed.load_model` with `FakeModel`, a deterministic hashed bag of words
 (documents drawn from one vocabulary land close together, different vocabularies
 are nearly orthogonal), so embed/cluster stage tests run in a second.
 """
@@ -90,11 +90,11 @@ class FakeModel:
 
 @pytest.fixture
 def fake_model(monkeypatch):
-    """Patch climb.embed.load_model; returns the FakeModel instance used."""
-    import climb.embed
+    """Patch climb.stages.embed.load_model; returns the FakeModel instance used."""
+    import climb.stages.embed
 
     model = FakeModel()
-    monkeypatch.setattr(climb.embed, "load_model", lambda cfg: model)
+    monkeypatch.setattr(climb.stages.embed, "load_model", lambda cfg: model)
     return model
 
 

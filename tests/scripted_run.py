@@ -34,10 +34,10 @@ def notes(control: Path) -> list[dict]:
 
 def prepare(tmp_path: Path, monkeypatch, *extra: str, docs: list[dict] | None = None):
     """(cfg, paths, config file, control file) of a run folder embedded and clustered."""
-    import climb.embed
+    import climb.stages.embed
     from climb import pipeline
     from climb.config import load_config, to_toml
-    from climb.stage import RunPaths
+    from climb.runtime.stage import RunPaths
     write_parquet_shards(tmp_path / "corpus", docs or vocab_docs(40), 2)
     control = tmp_path / "control.json"
     script(control, log=str(tmp_path / "trainer.log"), gate=str(tmp_path / "gate"))
@@ -48,7 +48,7 @@ def prepare(tmp_path: Path, monkeypatch, *extra: str, docs: list[dict] | None = 
         'target.objective=["loss"]', 'target.goal="minimize"', 'target.texts=["x"]',
         "search.iterations=[4, 2]", "search.pool_size=2000", "search.min_weight=0.0", "search.eval_seeds=2", "search.replicates=0",
         "search.epoch_cap=100.0", "export.token_budget=3000", *extra])
-    monkeypatch.setattr(climb.embed, "load_model", lambda c: FakeModel())
+    monkeypatch.setattr(climb.stages.embed, "load_model", lambda c: FakeModel())
     paths = RunPaths(tmp_path / "run")
     pipeline.run_stage("cluster", cfg, paths.root)
     config_file = tmp_path / "run.toml"

@@ -13,9 +13,9 @@ import pytest
 import zstandard
 
 from climb.config import ClusterConfig, CorpusConfig, RunConfig
-from climb.files import InputError, read_documents, resolve_corpus_files
-from climb.mixture import check_weights
-from climb.stage import RunPaths
+from climb.io.files import InputError, read_documents, resolve_corpus_files
+from climb.io.mixture import check_weights
+from climb.runtime.stage import RunPaths
 
 
 def _cfg(pattern, k: int = 3, **corpus) -> RunConfig:
@@ -48,18 +48,18 @@ def test_missing_text_column_jsonl(tmp_path):
 
 
 def test_missing_text_column_through_embed_stage(tmp_path, fake_model):
-    import climb.embed
+    import climb.stages.embed
     _parquet(tmp_path / "shard.parquet", id=["a", "b"], content=["x", "y"])
     with pytest.raises(InputError, match=r"shard\.parquet: missing column.*corpus\.text_column"):
-        climb.embed.run(_cfg(tmp_path / "*.parquet"), RunPaths(tmp_path / "run"))
+        climb.stages.embed.run(_cfg(tmp_path / "*.parquet"), RunPaths(tmp_path / "run"))
 
 
 def test_empty_corpus_embed_stage_raises(tmp_path, fake_model):
-    import climb.embed
+    import climb.stages.embed
     _parquet(tmp_path / "a.parquet", id=["a", "b", "c"], text=["", "   ", "\n\t"])
     _parquet(tmp_path / "b.parquet", id=["d"], text=[None], )
     with pytest.raises(InputError) as ei:
-        climb.embed.run(_cfg(tmp_path / "*.parquet"), RunPaths(tmp_path / "run"))
+        climb.stages.embed.run(_cfg(tmp_path / "*.parquet"), RunPaths(tmp_path / "run"))
     msg = str(ei.value)
     assert "no non-empty documents" in msg and "'text'" in msg and "corpus.paths" in msg
     assert str(tmp_path / "a.parquet") in msg and str(tmp_path / "b.parquet") in msg
@@ -68,13 +68,13 @@ def test_empty_corpus_embed_stage_raises(tmp_path, fake_model):
 
 
 def test_fewer_documents_than_clusters(tmp_path, fake_model):
-    import climb.cluster
-    import climb.embed
+    import climb.stages.cluster
+    import climb.stages.embed
     _parquet(tmp_path / "a.parquet", id=[f"d{i}" for i in range(5)], text=[f"word{i} thing" for i in range(5)])
     cfg, paths = _cfg(tmp_path / "*.parquet", k=8), RunPaths(tmp_path / "run")
-    assert climb.embed.run(cfg, paths)["docs"] == 5
+    assert climb.stages.embed.run(cfg, paths)["docs"] == 5
     with pytest.raises(InputError, match=r"5 documents but cluster\.k=8.*--set cluster\.k="):
-        climb.cluster.run(cfg, paths)
+        climb.stages.cluster.run(cfg, paths)
     assert not paths.manifest("cluster").exists()
 
 
@@ -150,7 +150,7 @@ def test_weights_as_shares_are_rescaled_and_bad_rows_named():
 
 
 def test_empty_documents_skipped_and_counted(tmp_path, fake_model):
-    import climb.embed
+    import climb.stages.embed
     texts = ["alpha beta", "", "   ", "gamma", None, "\n\t ", "delta"]
     p = _parquet(tmp_path / "a.parquet", id=[f"d{i}" for i in range(len(texts))], text=texts)
     batches = _drain(p, "text", "id", batch_rows=3)
@@ -160,7 +160,7 @@ def test_empty_documents_skipped_and_counted(tmp_path, fake_model):
     q = tmp_path / "b.jsonl"
     q.write_text("".join(json.dumps({"id": f"j{i}", "text": t}) + "\n" for i, t in enumerate(["x y", " ", "z"])))
     cfg = RunConfig(corpus=CorpusConfig(paths=(str(p), str(q)), batch_rows=3))
-    stats = climb.embed.run(cfg, RunPaths(tmp_path / "run"))
+    stats = climb.stages.embed.run(cfg, RunPaths(tmp_path / "run"))
     assert stats["docs"] == 5 and stats["skipped"] == {"empty": 5}
     assert fake_model.texts_seen == 5
     ids = pq.read_table(tmp_path / "run" / "embed" / "a.ids.parquet")["id"].to_pylist()
@@ -169,7 +169,7 @@ def test_empty_documents_skipped_and_counted(tmp_path, fake_model):
 
 
 def test_invalid_utf8_line_skipped_and_counted(tmp_path, fake_model):
-    import climb.embed
+    import climb.stages.embed
     lines = [json.dumps({"id": "a", "text": "fine"}).encode(),
              b'{"id": "b", "text": "bad \xff\xfe bytes"}',
              json.dumps({"id": "c", "text": "caf\u00e9"}, ensure_ascii=False).encode(),
@@ -182,7 +182,7 @@ def test_invalid_utf8_line_skipped_and_counted(tmp_path, fake_model):
         for k, v in b.skipped.items():
             skipped[k] = skipped.get(k, 0) + v
     assert ids == ["a", "c"] and skipped == {"invalid_utf8": 2}
-    stats = climb.embed.run(_cfg(p), RunPaths(tmp_path / "run"))
+    stats = climb.stages.embed.run(_cfg(p), RunPaths(tmp_path / "run"))
     assert stats["docs"] == 2 and stats["skipped"] == {"invalid_utf8": 2}
 
 
@@ -206,9 +206,9 @@ def test_no_files_match_glob(tmp_path):
     msg = str(ei.value)
     assert str(tmp_path / "nothing" / "*.parquet") in msg and "corpus.paths" in msg
     # Also through the stage, with the {run} placeholder expanded in the message.
-    import climb.embed
+    import climb.stages.embed
     with pytest.raises(InputError, match=rf"{tmp_path / 'run'}/data/corpus/\*\.parquet"):
-        climb.embed.run(RunConfig(), RunPaths(tmp_path / "run"))
+        climb.stages.embed.run(RunConfig(), RunPaths(tmp_path / "run"))
 
 
 def test_missing_file_named(tmp_path):
@@ -217,21 +217,21 @@ def test_missing_file_named(tmp_path):
 
 
 def test_duplicate_ids_rejected(tmp_path, fake_model):
-    import climb.embed
+    import climb.stages.embed
     _parquet(tmp_path / "a.parquet", id=["x", "y", "x"], text=["one", "two", "three"])
     with pytest.raises(InputError, match=r"a\.parquet: document ids in column 'id' are not unique.*id_column"):
-        climb.embed.run(_cfg(tmp_path / "*.parquet"), RunPaths(tmp_path / "run"))
+        climb.stages.embed.run(_cfg(tmp_path / "*.parquet"), RunPaths(tmp_path / "run"))
 
 
 def test_same_file_name_in_two_folders(tmp_path, fake_model):
     """Two corpus files with one shard name would write the same embedding files: refused
     before anything is embedded, naming the clash and the fix."""
-    import climb.embed
+    import climb.stages.embed
     for sub in ("a", "b"):
         (tmp_path / sub).mkdir()
         _parquet(tmp_path / sub / "part.parquet", id=[f"{sub}{i}" for i in range(4)], text=[f"{sub} text"] * 4)
     cfg = RunConfig(corpus=CorpusConfig(paths=(str(tmp_path / "a" / "*.parquet"), str(tmp_path / "b" / "*.parquet"))))
     with pytest.raises(InputError, match=r"corpus files share the shard name\(s\) \['part'\].*rename them"):
-        climb.embed.run(cfg, RunPaths(tmp_path / "run"))
+        climb.stages.embed.run(cfg, RunPaths(tmp_path / "run"))
     assert fake_model.texts_seen == 0
     assert not (tmp_path / "run" / "embed" / "manifest.json").exists()

@@ -1,4 +1,4 @@
-"""climb.kmeans and the cluster stage, end to end on fake (hashed bag-of-words) embeddings."""
+"""climb.stages.kmeans and the cluster stage, end to end on fake (hashed bag-of-words) embeddings."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,8 +12,8 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from climb.config import ClusterConfig, CorpusConfig, RunConfig
-from climb.kmeans import assign, train_kmeans
-from climb.stage import RunPaths
+from climb.stages.kmeans import assign, train_kmeans
+from climb.runtime.stage import RunPaths
 
 SHARDS = 3
 PER_VOCAB = 100
@@ -86,11 +86,11 @@ def _cfg(corpus, **cluster) -> RunConfig:
 
 
 def _run(root: Path, cfg: RunConfig) -> dict:
-    import climb.cluster
-    import climb.embed
+    import climb.stages.cluster
+    import climb.stages.embed
     paths = RunPaths(root)
-    climb.embed.run(cfg, paths)
-    return climb.cluster.run(cfg, paths)
+    climb.stages.embed.run(cfg, paths)
+    return climb.stages.cluster.run(cfg, paths)
 
 
 def _assignments(root: Path) -> dict[str, np.ndarray]:
@@ -169,36 +169,36 @@ def test_cluster_stage_end_to_end(tmp_path, corpus, fake_model, vocabs):
 
 
 def test_cluster_stage_skips_when_unchanged_and_reruns_on_change(tmp_path, corpus, fake_model):
-    import climb.cluster
+    import climb.stages.cluster
     root = tmp_path / "run"
     cfg = _cfg(corpus, k=3)
     first = _run(root, cfg)
     assert "skipped_stage" not in first
     mtime = (root / "cluster" / "clusters.json").stat().st_mtime_ns
-    again = climb.cluster.run(cfg, RunPaths(root))
+    again = climb.stages.cluster.run(cfg, RunPaths(root))
     assert again["skipped_stage"] is True and again["docs"] == first["docs"]
     assert (root / "cluster" / "clusters.json").stat().st_mtime_ns == mtime
     # Embed is skipped too (the fake model is not called again).
-    import climb.embed
+    import climb.stages.embed
     seen = fake_model.texts_seen
-    assert climb.embed.run(cfg, RunPaths(root))["skipped_stage"] is True
+    assert climb.stages.embed.run(cfg, RunPaths(root))["skipped_stage"] is True
     assert fake_model.texts_seen == seen
 
     changed = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, top_terms=2, exemplars=1))
-    third = climb.cluster.run(changed, RunPaths(root))
+    third = climb.stages.cluster.run(changed, RunPaths(root))
     assert "skipped_stage" not in third
     summ = _summary(root)
     assert all(len(c["top_terms"]) == 2 and len(c["exemplars"]) == 1 for c in summ["clusters"])
     # A config section other stages own does not invalidate the cluster stage.
     other = dataclasses.replace(changed, export=dataclasses.replace(changed.export, seed=5))
-    assert climb.cluster.run(other, RunPaths(root))["skipped_stage"] is True
+    assert climb.stages.cluster.run(other, RunPaths(root))["skipped_stage"] is True
 
 
 def test_cluster_rerun_with_new_k_reassigns(tmp_path, corpus, fake_model):
-    import climb.cluster
+    import climb.stages.cluster
     root = tmp_path / "run"
     _run(root, _cfg(corpus, k=3))
-    stats = climb.cluster.run(_cfg(corpus, k=5), RunPaths(root))
+    stats = climb.stages.cluster.run(_cfg(corpus, k=5), RunPaths(root))
     assert "skipped_stage" not in stats
     a = _assignments(root)
     cents = np.load(root / "cluster" / "centroids.npy")
@@ -209,16 +209,16 @@ def test_cluster_rerun_with_new_k_reassigns(tmp_path, corpus, fake_model):
 
 
 def test_embed_rerun_after_corpus_change_reembeds(tmp_path, corpus, fake_model, write_shards):
-    import climb.embed
+    import climb.stages.embed
     root = tmp_path / "run"
     cfg = _cfg(corpus)
-    assert climb.embed.run(cfg, RunPaths(root))["docs"] == 3 * PER_VOCAB
+    assert climb.stages.embed.run(cfg, RunPaths(root))["docs"] == 3 * PER_VOCAB
     stamps = {p: p.stat().st_mtime_ns for p in corpus["files"]}
     write_shards(tmp_path / "corpus", corpus["docs"][:150], SHARDS, extra=("quality",))
     for p, ns in stamps.items():  # a coarse clock may give the rewrite the same mtime: make it differ
         if p.stat().st_mtime_ns == ns:
             os.utime(p, ns=(ns + 1000, ns + 1000))
-    stats = climb.embed.run(cfg, RunPaths(root))
+    stats = climb.stages.embed.run(cfg, RunPaths(root))
     assert "skipped_stage" not in stats
     assert stats["docs"] == 150
 
@@ -258,7 +258,7 @@ def test_prune_small_clusters(tmp_path, corpus, fake_model):
 
 
 def test_prune_small_clusters_all_too_small(tmp_path, corpus, fake_model):
-    from climb.files import InputError
+    from climb.io.files import InputError
     with pytest.raises(InputError, match=r"cluster\.min_cluster_size=1000"):
         _run(tmp_path / "run", _cfg(corpus, k=3, min_cluster_size=1000))
 
@@ -317,7 +317,7 @@ def test_merge_to_recovers_vocabularies(tmp_path, corpus, fake_model):
 
 
 def test_plan_clusters_prunes_then_merges_by_threshold():
-    from climb.cluster import plan_clusters
+    from climb.stages.cluster import plan_clusters
     # Two directions, two fine centroids near each, one tiny cluster.
     cents = np.array([[1, 0.05, 0], [1, -0.05, 0], [0, 1, 0.05], [0, 1, -0.05], [0, 0, 1]], np.float32)
     counts = np.array([50, 40, 30, 20, 2])
@@ -331,7 +331,7 @@ def test_plan_clusters_prunes_then_merges_by_threshold():
 
 
 def test_plan_clusters_merge_to_above_survivors_with_threshold():
-    from climb.cluster import plan_clusters
+    from climb.stages.cluster import plan_clusters
     # merge_to above the number of clusters: the threshold decides. Orthogonal centroids
     # are all at cosine distance 1 > 0.5, so none merge.
     cents = np.eye(3, dtype=np.float32)

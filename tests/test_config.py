@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from climb.config import (ClusterConfig, ConfigError, CorpusConfig, ProxyConfig, RunConfig, SearchConfig,
-                          TargetConfig, _build, load_config, digest, to_dict, to_toml)
+                          TargetConfig, from_dict, load_config, digest, to_dict, to_toml)
 from proxies.config import GPTConfig, TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,7 +173,7 @@ def test_shipped_pipelines_load_and_roundtrip(pipeline, tmp_path):
     # to_toml -> tomllib gives back the same data, field for field, and the same RunConfig
     data = tomllib.loads(to_toml(cfg))
     assert data == to_dict(cfg)
-    assert _build(RunConfig, data) == cfg
+    assert from_dict(RunConfig, data) == cfg
 
 
 def test_section_hash_stable_and_sensitive():

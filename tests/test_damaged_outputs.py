@@ -15,10 +15,12 @@ import os
 import numpy as np
 import pytest
 
-from climb import cluster, pipeline, tokenization
+from climb.stages import cluster, tokenization
+
+from climb import pipeline
 from climb.config import load_config
-from climb.files import InputError
-from climb.stage import RunPaths
+from climb.io.files import InputError
+from climb.runtime.stage import RunPaths
 
 
 @pytest.fixture
@@ -75,7 +77,7 @@ def test_deleted_assignment_file_runs_cluster_again(clustered):
 
 
 def test_repair_that_changes_clusters_changes_what_later_stages_key_on(clustered):
-    from climb.stage import upstream_key
+    from climb.runtime.stage import upstream_key
     cfg, paths = clustered
     key = upstream_key(paths, "cluster")
     summary = paths.root / "cluster" / "clusters.json"

@@ -39,11 +39,15 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from climb import executor, pipeline, search
+from climb.runtime import executor
+
+from climb import pipeline
+
+from climb.stages import search
 from climb.config import ConfigError, load_config
-from climb.executor import DaskExecutor, LocalExecutor
-from climb.proxy_runs import train_and_score
-from climb.stage import RunPaths
+from climb.runtime.executor import DaskExecutor, LocalExecutor
+from climb.runtime.proxy_runs import train_and_score
+from climb.runtime.stage import RunPaths
 
 from conftest import vocab_docs, write_parquet_shards
 
@@ -177,7 +181,7 @@ def test_dask_run_equals_local_run(corpus, local_run, shared_clusters, tmp_path)
 
 
 LOCK_PROBE = """import sys
-from climb.runlock import RunLocked, hold
+from climb.runtime.runlock import RunLocked, hold
 try:
     with hold(sys.argv[1]): print("held")
 except RunLocked as e: print(e)
@@ -185,7 +189,7 @@ except RunLocked as e: print(e)
 
 
 def test_only_the_client_holds_the_run_lock(local_run, shared_clusters):
-    from climb.runlock import hold
+    from climb.runtime.runlock import hold
     with hold(local_run.root):
         with DaskExecutor("", workers=2, threads_per_worker=1) as ex:
             out = ex.map(subprocess.check_output, [[sys.executable, "-c", LOCK_PROBE, str(local_run.root)]])

@@ -1,4 +1,4 @@
-"""climb.device: which device and dtype a stage runs on, and how many processes train proxies.
+"""climb.runtime.device: which device and dtype a stage runs on, and how many processes train proxies.
 
 CUDA, MPS, bf16 support and the CPU affinity mask are patched, so every branch runs on any machine."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
-from climb import device
+from climb.runtime import device
 from climb.config import ExecutorConfig, ProxyConfig
-from climb.device import proxy_processes, resolve_device, resolve_dtype
+from climb.runtime.device import proxy_processes, resolve_device, resolve_dtype
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""climb.embed_backend: embed.backend validation and resolution, and the OpenVINO path
+"""climb.stages.embed_backend: embed.backend validation and resolution, and the OpenVINO path
 against plain torch fp32 on the real default model (offline), its cache and its fallback."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-import climb.embed as embed
-from climb import embed_backend
+import climb.stages.embed as embed
+from climb.stages import embed_backend
 from climb.config import ConfigError, EmbedConfig, load_config
 
 TEXTS = [
@@ -122,7 +122,7 @@ def test_auto_falls_back_to_torch_when_conversion_fails(fresh_models, monkeypatc
     def broken(*a):
         raise RuntimeError("unsupported operator")
     monkeypatch.setattr(embed_backend, "convert", broken)
-    with caplog.at_level("WARNING", logger="climb.embed"):
+    with caplog.at_level("WARNING", logger="climb.stages.embed"):
         model = embed.load_model(EmbedConfig(backend="auto", max_seq_length=32))
     assert model.climb_backend.startswith("torch-")
     assert "OpenVINO failed" in caplog.text and "unsupported operator" in caplog.text

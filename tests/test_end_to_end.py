@@ -89,7 +89,7 @@ def test_search_stacked_its_proxies(run_dir):
     recs = [json.loads(x) for x in (run_dir / "search" / "results.jsonl").read_text().splitlines()]
     # on this CPU the search runs one worker process per core (2 here), so each
     # iteration is split into at least 2 groups: 2 + 2 stacked, then 1 + 1 alone
-    from climb.workers import cpu_slots
+    from climb.runtime.workers import cpu_slots
     if cpu_slots() == 2:
         assert [r.get("stacked", 1) for r in recs] == [2] * 4 + [1] * 2
     assert all(r["status"] == "ok" for r in recs)

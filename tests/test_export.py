@@ -1,4 +1,4 @@
-"""climb.export: choosing how often each document is exported (select), the budget, the weights;
+"""climb.stages.export: choosing how often each document is exported (select), the budget, the weights;
 the stage keeps its budget whatever the document lengths (finding 6 of the robustness issue)."""
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from climb import export, pipeline
-from climb.cluster import load_assignments
-from climb.export import budget_for, select
-from climb.mixture import check_weights
+from climb.stages import export
+
+from climb import pipeline
+from climb.stages.cluster import load_assignments
+from climb.stages.export import budget_for, select
+from climb.io.mixture import check_weights
 from conftest import vocab_docs
 from proxies.tokenizer import load_tokenizer
 from scripted_run import prepare

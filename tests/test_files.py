@@ -1,4 +1,4 @@
-"""climb.files: reading every supported corpus format the same way, globs, ids, atomic writes."""
+"""climb.io.files: reading every supported corpus format the same way, globs, ids, atomic writes."""
 from __future__ import annotations
 
 import gzip
@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from climb.files import InputError, atomic_path, read_documents, resolve_corpus_files, write_json, write_parquet
+from climb.io.files import InputError, atomic_path, read_documents, resolve_corpus_files, write_json, write_parquet
 
 DOCS = [{"id": f"d{i}", "text": f"document number {i} — naïve café ✓", "score": i / 10} for i in range(7)]
 
@@ -128,7 +128,7 @@ def test_jsonl_record_without_id_gets_row_id(tmp_path):
 
 def test_max_shards_through_config(tmp_path):
     from climb.config import CorpusConfig, RunConfig
-    from climb.stage import RunPaths
+    from climb.runtime.stage import RunPaths
     for i in range(4):
         _write(tmp_path / f"s{i}.jsonl")
     cfg = RunConfig(corpus=CorpusConfig(paths=(str(tmp_path / "*.jsonl"),), max_shards=3))
@@ -182,7 +182,7 @@ def test_one_atomic_writer_shared_by_climb_and_proxies(tmp_path, monkeypatch):
     import proxies.atomic
     import proxies.tokenizer
     import proxies.tokens
-    from climb.swarm_csv import write_swarm
+    from climb.io.swarm_csv import write_swarm
     assert atomic_path is proxies.atomic.atomic_path
     # Every writer goes through it: a failed write leaves the old file and no temporary one.
     calls = []
@@ -194,7 +194,7 @@ def test_one_atomic_writer_shared_by_climb_and_proxies(tmp_path, monkeypatch):
 
     for module in (proxies.tokens, proxies.tokenizer):
         monkeypatch.setattr(module, "atomic_path", counting)
-    monkeypatch.setattr("climb.swarm_csv.atomic_path", counting)
+    monkeypatch.setattr("climb.io.swarm_csv.atomic_path", counting)
     write_swarm(tmp_path / "w.csv", tmp_path / "m.csv", ["a", "b"], ["x", "y"], np.eye(2), {"loss": [1.0, 2.0]})
     assert pd.read_csv(tmp_path / "w.csv").columns.tolist() == ["index", "x", "y"]
     tok = proxies.tokenizer.train_bpe(["some text to learn from"] * 4, 300, tmp_path / "tok" / "tokenizer.json")
@@ -212,7 +212,7 @@ def test_one_atomic_writer_shared_by_climb_and_proxies(tmp_path, monkeypatch):
 
 
 def test_fingerprint_sees_a_sub_second_change_of_a_same_size_file(tmp_path):
-    from climb.files import file_stamp, fingerprint
+    from climb.io.files import file_stamp, fingerprint
     p = tmp_path / "a.jsonl"
     p.write_text("x" * 10)
     first = fingerprint([p])[0]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from climb.candidates import dedupe, sample_candidates
-from climb.predictor import PREDICTORS, best_mixture, make_predictor, min_child_samples, propose, rank_metrics
+from climb.optimize.candidates import dedupe, sample_candidates
+from climb.optimize.predictor import PREDICTORS, best_mixture, make_predictor, min_child_samples, propose, rank_metrics
 
 OPT = np.array([0.55, 0.2, 0.1, 0.1, 0.05])  # the known optimum of the synthetic response
 
@@ -188,8 +188,8 @@ def test_gp_equals_sklearn_at_fixed_hyperparameters(kernel):
     from sklearn.gaussian_process import GaussianProcessRegressor
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel, Matern
 
-    from climb.acquisition import gp_posterior
-    from climb.gp import GPPredictor
+    from climb.optimize.acquisition import gp_posterior
+    from climb.optimize.gp import GPPredictor
     X, y = swarm(40, seed=12)
     gp = GPPredictor(kernel=kernel).fit(X, y)
     base = (Matern(length_scale=gp.ls, length_scale_bounds="fixed", nu=2.5) if kernel == "matern52"
@@ -205,3 +205,9 @@ def test_gp_equals_sklearn_at_fixed_hyperparameters(kernel):
     np.testing.assert_allclose(gp.predict(X), sk.predict(features(X)) * gp.ys + gp.ym, rtol=0, atol=1e-6)
     _, var = gp_posterior(gp, Q)
     np.testing.assert_allclose(np.sqrt(var), std * gp.ys, rtol=0, atol=1e-6)
+
+
+def test_the_config_names_the_registered_predictors():
+    """climb.config checks names without importing the predictors; the two lists must agree."""
+    from climb.config import SEARCH_PREDICTORS
+    assert PREDICTORS == SEARCH_PREDICTORS

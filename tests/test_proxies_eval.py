@@ -298,10 +298,10 @@ def test_fp32_evaluation_on_cuda_matches_the_cpu():
 
 
 def test_a_run_scores_its_proxies_in_their_training_precision_on_cuda(fake_cuda, tmp_path):
-    """climb.proxy_runs passes the proxy's precision down: fp32 proxies on CUDA are scored in fp32."""
+    """climb.runtime.proxy_runs passes the proxy's precision down: fp32 proxies on CUDA are scored in fp32."""
     from dataclasses import replace
     from climb.config import ProxyConfig, TargetConfig
-    from climb.proxy_runs import ProxyTask, evaluate_task_metrics
+    from climb.runtime.proxy_runs import ProxyTask, evaluate_task_metrics
     (tmp_path / "t.jsonl").write_text('{"text": "some held-out text"}\n')
     model = GPT(GPTConfig(vocab_size=320, n_layer=1, n_head=2, n_embd=16, seq_len=16), seed=0)
     task = ProxyTask(mixture_id="m", iteration=0, weights=(1.0,), seed=0, tokens_dir="", run_dir=str(tmp_path),

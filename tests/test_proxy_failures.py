@@ -24,9 +24,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from climb import pipeline, proxy_runs, search, tokenization
+from climb import pipeline
+
+from climb.runtime import proxy_runs
+
+from climb.stages import search, tokenization
 from climb.cli import main
-from climb.runlock import INFO_NAME
+from climb.runtime.runlock import INFO_NAME
 from scripted_run import alive, cli, notes, prepare, script
 
 

@@ -5,7 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from climb import proxy_runs, search
+from climb.runtime import proxy_runs
+
+from climb.stages import search
 from climb.config import ProxyConfig, load_config
 
 

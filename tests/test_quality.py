@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from climb.quality import noise, oof_spearman, paired_comparison, pooled_noise, seeds_to_resolve, snr, warnings
+from climb.optimize.quality import noise, oof_spearman, paired_comparison, pooled_noise, seeds_to_resolve, snr, warnings
 
 
 def test_known_difference_is_better_and_equal_mixtures_not_resolved():

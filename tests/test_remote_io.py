@@ -1,4 +1,4 @@
-"""climb.remote through climb.files: corpora at URLs read exactly as local files are.
+"""climb.io.remote through climb.io.files: corpora at URLs read exactly as local files are.
 
 memory:// for the unit tests (no server), http:// through a local `http.server`
 with byte ranges (tests/stores.py). The S3 server tests are in test_remote_s3.py.
@@ -17,10 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from climb import remote
+from climb.io import remote
 from climb.cli import main
 from climb.config import TargetConfig
-from climb.files import InputError, fingerprint, is_url, read_documents, resolve_corpus_files, write_parquet
+from climb.io.files import InputError, fingerprint, is_url, read_documents, resolve_corpus_files, write_parquet
 from stores import http_root, upload  # noqa: F401 - a fixture
 from test_files import _read_all  # every batch of a file, joined
 
@@ -153,7 +153,7 @@ def test_missing_package_names_the_extra():
 
 
 def test_target_texts_and_tasks_at_urls(tmp_path, mem):
-    from climb.proxy_runs import load_target
+    from climb.runtime.proxy_runs import load_target
     fs, root = mem
     (tmp_path / "held.jsonl").write_bytes(_encode("held.jsonl"))
     task = [{"query": "Question: 2+2?", "choices": ["4", "5"], "gold": 0}, {"context": "a b", "continuation": " c"}]

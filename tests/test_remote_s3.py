@@ -26,12 +26,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-import climb.embed
-from climb import executor, pipeline
+import climb.stages.embed
+from climb.runtime import executor
+from climb import pipeline
 from climb.cli import main
 from climb.config import load_config, to_toml
-from climb.files import InputError
-from climb.stage import RunPaths
+from climb.io.files import InputError
+from climb.runtime.stage import RunPaths
 from conftest import FakeModel, vocab_docs, write_parquet_shards
 from stores import s3, s3_server, upload, use_s3  # noqa: F401 - fixtures
 
@@ -72,7 +73,7 @@ def _stats_skipped(stats: dict) -> bool:
 
 
 def test_s3_run_reads_resumes_and_exports(tmp_path, s3, corpus, monkeypatch, caplog):
-    monkeypatch.setattr(climb.embed, "load_model", lambda cfg: FakeModel())
+    monkeypatch.setattr(climb.stages.embed, "load_model", lambda cfg: FakeModel())
     dest = f"{s3.url}/mixtures/run-1"
     cfg = _config(f"{s3.url}/corpus/*.parquet", f"{s3.url}/target/*.jsonl", f'export.destination="{dest}"')
     local_cfg = _config(f"{corpus}/*.parquet", f"{tmp_path}/target/*.jsonl")
@@ -138,7 +139,7 @@ def test_s3_run_reads_resumes_and_exports(tmp_path, s3, corpus, monkeypatch, cap
 
 
 def test_export_removes_only_its_own_stale_objects(tmp_path, s3, corpus, monkeypatch):
-    monkeypatch.setattr(climb.embed, "load_model", lambda cfg: FakeModel())
+    monkeypatch.setattr(climb.stages.embed, "load_model", lambda cfg: FakeModel())
     dest = f"{s3.url}/out"
     s3.fs.pipe(f"{s3.bucket}/out/README.txt", b"not ours")
     cfg = _config(f"{s3.url}/corpus/*.parquet", f"{s3.url}/target/*.jsonl", f'export.destination="{dest}"',
@@ -158,7 +159,7 @@ def test_export_removes_only_its_own_stale_objects(tmp_path, s3, corpus, monkeyp
 
 def test_dask_workers_read_and_write_s3(tmp_path, s3, corpus, monkeypatch):
     pytest.importorskip("distributed")
-    monkeypatch.setattr(climb.embed, "load_model", lambda cfg: FakeModel())
+    monkeypatch.setattr(climb.stages.embed, "load_model", lambda cfg: FakeModel())
     dest = f"{s3.url}/dask-out"
     base = (f"{s3.url}/corpus/*.parquet", f"{s3.url}/target/*.jsonl", f'export.destination="{dest}"')
     local_run = tmp_path / "local"
@@ -208,7 +209,7 @@ def test_missing_credentials_are_one_line(tmp_path, s3, corpus, monkeypatch, cap
 
 
 def test_bad_destination_stops_before_the_first_stage(tmp_path, s3, corpus, monkeypatch):
-    monkeypatch.setattr(climb.embed, "load_model", lambda cfg: FakeModel())
+    monkeypatch.setattr(climb.stages.embed, "load_model", lambda cfg: FakeModel())
     cfg = _config(f"{s3.url}/corpus/*.parquet", f"{s3.url}/target/*.jsonl",
                   'export.destination="s3://no-such-bucket-y/out"')
     with pytest.raises(InputError, match=r"s3://no-such-bucket-y/out: the bucket 'no-such-bucket-y' does not exist"):

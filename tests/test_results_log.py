@@ -14,7 +14,11 @@ import sys
 
 import pytest
 
-from climb import pipeline, results, search
+from climb import pipeline
+
+from climb.runtime import results
+
+from climb.stages import search
 from scripted_run import env, prepare
 
 HALF_WRITE = """
@@ -65,7 +69,7 @@ def test_sigkill_mid_append_loses_nothing(tmp_path, monkeypatch):
 
 LIMITED = """
 import resource, sys
-from climb import results
+from climb.runtime import results
 path, limit = sys.argv[1], int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # the disk is full past `limit` bytes
 try:

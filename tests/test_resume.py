@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from climb import embed
+from climb.stages import embed
 from climb.config import load_config
-from climb.stage import RunPaths
+from climb.runtime.stage import RunPaths
 
 
 def _cfg(tmp_path):

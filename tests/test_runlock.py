@@ -18,8 +18,10 @@ import time
 
 import pytest
 
-from climb import pipeline, search
-from climb.runlock import INFO_NAME, RunLocked, hold
+from climb import pipeline
+
+from climb.stages import search
+from climb.runtime.runlock import INFO_NAME, RunLocked, hold
 from scripted_run import alive, cli, env, notes, prepare, script
 
 
@@ -55,7 +57,7 @@ def test_second_process_refused_and_dead_holder_taken_over(tmp_path, monkeypatch
                     os.kill(pid, signal.SIGKILL)
     assert json.loads((paths.root / INFO_NAME).read_text())["pid"] == first.pid  # left behind by the kill
     script(control, "ok")
-    with caplog.at_level(logging.WARNING, logger="climb.runlock"):
+    with caplog.at_level(logging.WARNING, logger="climb.runtime.runlock"):
         pipeline.run_stage("search", cfg, paths.root)
     assert f"left by PID {first.pid}" in caplog.text
     results = search.read_results(paths)
@@ -73,7 +75,7 @@ def test_second_process_refused_and_dead_holder_taken_over(tmp_path, monkeypatch
 
 
 def test_lock_is_reentrant_here_and_refused_elsewhere(tmp_path):
-    probe = ("import sys; from climb.runlock import hold, RunLocked\n"
+    probe = ("import sys; from climb.runtime.runlock import hold, RunLocked\n"
              "try:\n    with hold(sys.argv[1]): print('held')\n"
              "except RunLocked as e: print(e)")
     with hold(tmp_path):

@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from climb import cluster, embed, search, tokenization
+from climb.stages import cluster, embed, search, tokenization
 from climb.config import load_config
-from climb.stage import RunPaths
+from climb.runtime.stage import RunPaths
 
 HELPER = Path(__file__).parent / "helpers" / "quadratic_proxy.py"
 
@@ -129,8 +129,8 @@ def test_search_measures_its_noise_and_judges_with_paired_seeds(clustered):
 
 def test_search_over_candidates_is_the_simulated_search(clustered, tmp_path):
     """`search.candidates` + `proxy.lookup`: the search measures and picks only candidates,
-    exactly the ones `climb.strategy.simulate` (the oracle benchmark's loop) chooses."""
-    from climb.strategy import from_search_config, row_index, simulate
+    exactly the ones `climb.optimize.strategy.simulate` (the oracle benchmark's loop) chooses."""
+    from climb.optimize.strategy import from_search_config, row_index, simulate
     rng = np.random.default_rng(0)
     X = rng.dirichlet(np.full(4, 0.7), 60)
     y = np.array([_true(w) for w in X])

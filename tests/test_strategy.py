@@ -14,12 +14,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from climb.acquisition import ACQUISITIONS, gp_posterior, select_batch
-from climb.gp import GPPredictor
-from climb.lookup import LookupTable
-from climb.lookup import main as lookup_main
-from climb.predictor import make_predictor
-from climb.strategy import Strategy, final_pick, plan, row_index, simulate
+from climb.optimize.acquisition import ACQUISITIONS, gp_posterior, select_batch
+from climb.optimize.gp import GPPredictor
+from climb.runtime.lookup import LookupTable
+from climb.runtime.lookup import main as lookup_main
+from climb.optimize.predictor import make_predictor
+from climb.optimize.strategy import Strategy, final_pick, plan, row_index, simulate
 
 OPT = np.array([0.05, 0.6, 0.05, 0.3])
 
@@ -140,7 +140,7 @@ def test_lookup_as_proxy_command(tmp_path):
 
 def test_lookup_proxy_record(tmp_path):
     from climb.config import ProxyConfig, TargetConfig
-    from climb.proxy_runs import ProxyTask, stack_size, train_and_score
+    from climb.runtime.proxy_runs import ProxyTask, stack_size, train_and_score
     w, m, y = _table(tmp_path)
     W = LookupTable(w, m).swarm.weights
     pc = ProxyConfig(lookup=str(m), lookup_weights=str(w))
@@ -150,5 +150,5 @@ def test_lookup_proxy_record(tmp_path):
     assert rec["status"] == "ok" and rec["objective"] == pytest.approx(y[2]) and stack_size(pc) == 1
     rec = train_and_score(dataclasses.replace(task, weights=(0.25,) * 4))
     assert rec["status"] == "failed" and "not in" in rec["error"]  # failed like a proxy, the search goes on
-    via_cmd = ProxyConfig(command=f"{sys.executable} -m climb.lookup --weights {w} --metrics {m} {{weights}} {{out}}")
+    via_cmd = ProxyConfig(command=f"{sys.executable} -m climb.runtime.lookup --weights {w} --metrics {m} {{weights}} {{out}}")
     assert train_and_score(dataclasses.replace(task, proxy=via_cmd))["objective"] == pytest.approx(y[2])

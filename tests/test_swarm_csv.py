@@ -1,4 +1,4 @@
-"""Swarm CSV IO (climb.swarm_csv) and the `predictor evaluate | propose` commands."""
+"""Swarm CSV IO (climb.io.swarm_csv) and the `predictor evaluate | propose` commands."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from climb import cli
-from climb.predictor_cli import main as cli_main
-from climb.swarm_csv import read_prior, read_swarm, target_values, write_swarm
+from climb.cli import main as cli_main
+from climb.io.swarm_csv import read_prior, read_swarm, target_values, write_swarm
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 DOMAINS = ["web", "code", "books"]

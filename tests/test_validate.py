@@ -16,10 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from climb import cluster, embed, pipeline, report, search, tokenization, validate
+from climb.stages import cluster, embed, report, search, tokenization, validate
+
+from climb import pipeline
 from climb.config import ConfigError, load_config
-from climb.quality import rank_transfer
-from climb.stage import RunPaths
+from climb.optimize.quality import rank_transfer
+from climb.runtime.stage import RunPaths
 
 HELPERS = Path(__file__).parent / "helpers"
 BOWL = HELPERS / "quadratic_proxy.py"
@@ -149,7 +151,7 @@ def test_rank_mixtures_are_spread_over_the_scores():
 
 def test_heldout_metrics_and_their_directions():
     """Held-out metrics get their own verdicts, with accuracy maximised and losses minimised."""
-    from climb.config_checks import validation_model
+    from climb.config.checks import validation_model
     cfg = load_config(None, ['validate.tasks={cloze = "x.jsonl"}'])
     seeds = [1, 2, 3]
     plan = {"seeds": seeds, "mixtures": [{"name": n, "role": "compared", "weights": [1.0], "proxy_score": None,
@@ -184,7 +186,7 @@ def test_heldout_evaluation_of_a_built_in_model(tmp_path):
     from proxies.model import GPT, GPTConfig
     from proxies.tokenizer import train_bpe
     from climb.config import ProxyConfig, TargetConfig
-    from climb.proxy_runs import ProxyTask, evaluate_task_metrics
+    from climb.runtime.proxy_runs import ProxyTask, evaluate_task_metrics
     texts = [f"the quick brown fox {i} jumps over the lazy dog" for i in range(50)]
     tok = train_bpe(texts, 320, tmp_path / "tok.json")
     (tmp_path / "target.jsonl").write_text(json.dumps({"text": texts[0]}) + "\n")

@@ -1,0 +1,173 @@
+"""The rules a run config must meet beyond its field types, checked when it is loaded.
+
+Each broken rule raises a `ConfigError` that names the key and the fix. The
+validation model (the validate stage's larger proxy) is derived and checked here
+too, as are the run folder and an external trainer's command.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from climb.config.schema import (EMBED_BACKENDS, SEARCH_ACQUISITIONS, SEARCH_FINALS, ConfigError, ProxyConfig,
+                                 RunConfig, from_dict, to_dict)
+from proxies.config import ConfigFieldError
+
+
+def check_config(cfg: RunConfig) -> None:
+    """Every rule a config must meet beyond its types; the first one broken raises a ConfigError
+    naming the key and the fix."""
+    if cfg.target.goal not in ("minimize", "maximize"):
+        raise ConfigError(f"target.goal must be 'minimize' or 'maximize', got {cfg.target.goal!r}")
+    if cfg.cluster.k < 2:
+        raise ConfigError("cluster.k must be at least 2")
+    if not cfg.search.iterations or min(cfg.search.iterations) < 1:
+        raise ConfigError("search.iterations must be a non-empty list of positive counts, e.g. [16, 8, 4]")
+    if cfg.embed.backend not in EMBED_BACKENDS:
+        raise ConfigError(f"embed.backend must be one of {', '.join(map(repr, EMBED_BACKENDS))}, got "
+                          f"{cfg.embed.backend!r} (\"auto\": OpenVINO on a CPU, torch on a GPU)")
+    if cfg.executor.kind not in ("local", "dask"):
+        raise ConfigError(f"executor.kind must be 'local' or 'dask', got {cfg.executor.kind!r}")
+    if cfg.search.eval_seeds < 2:
+        raise ConfigError(f"search.eval_seeds must be at least 2 (paired seeds give the comparison its interval), "
+                          f"got {cfg.search.eval_seeds}")
+    unknown = set(cfg.search.baselines) - {"uniform", "natural", "one-shot"}
+    if unknown:
+        raise ConfigError(f"search.baselines: unknown {sorted(unknown)}; choose from uniform, natural, one-shot")
+    if cfg.search.replicates < 0 or cfg.search.replicate_seeds < 0:
+        raise ConfigError("search.replicates and search.replicate_seeds must be >= 0")
+    if cfg.executor.processes < 0:
+        raise ConfigError(f"executor.processes must be >= 0 (0: one per core on a CPU), got {cfg.executor.processes}")
+    if not cfg.executor.dask_connect_timeout_s > 0:
+        raise ConfigError("executor.dask_connect_timeout_s must be positive, got "
+                          f"{cfg.executor.dask_connect_timeout_s}")
+    if cfg.proxy.swarm_size < 0:
+        raise ConfigError(f"proxy.swarm_size must be >= 0 (0: automatic), got {cfg.proxy.swarm_size}")
+    _at_least(cfg, 1, "proxy.vocab_size", "proxy.tokenizer_docs", "search.eval_seeds", "search.pool_size",
+              "cluster.niter", "cluster.sample_size", "corpus.batch_rows", "embed.batch_size",
+              "embed.max_seq_length", "export.rows_per_shard", "executor.dask_workers",
+              "executor.dask_threads_per_worker")
+    _at_least(cfg, 0, "proxy.timeout_s", "export.token_budget", "corpus.max_shards",
+              "search.final_top_k", "export.weight_tolerance", "executor.dask_resource_grace_s")
+    _check_model(cfg.proxy, "proxy")
+    if not 0 < cfg.search.epoch_cap:
+        raise ConfigError(f"search.epoch_cap must be positive, got {cfg.search.epoch_cap}")
+    if cfg.export.long_docs not in ("truncate", "skip"):
+        raise ConfigError(f"export.long_docs must be 'truncate' or 'skip', got {cfg.export.long_docs!r}")
+    if cfg.proxy.command:
+        check_command(cfg.proxy.command)
+    if bool(cfg.proxy.lookup) != bool(cfg.proxy.lookup_weights):
+        raise ConfigError("proxy.lookup (metrics CSV) and proxy.lookup_weights (weights CSV) go together; set both")
+    if cfg.search.acquisition not in SEARCH_ACQUISITIONS:
+        raise ConfigError(f"search: unknown acquisition {cfg.search.acquisition!r}; choose one of: "
+                          f"{', '.join(SEARCH_ACQUISITIONS)}")
+    if cfg.search.final not in SEARCH_FINALS:
+        raise ConfigError(f"search: unknown final pick {cfg.search.final!r}; choose one of: "
+                          f"{', '.join(SEARCH_FINALS)}")
+    if cfg.search.candidates and cfg.search.final_top_k > 1:
+        raise ConfigError("search.final_top_k > 1 averages mixtures, which leaves the candidate set "
+                          "search.candidates; use 1")
+    _check_validate(cfg)
+
+
+# [proxy] fields the validation model may not change: it reads the search's token store.
+FIXED_FOR_VALIDATION = ("tokenizer", "vocab_size", "tokenizer_docs", "lookup", "lookup_weights", "lookup_key")
+
+
+def validation_model(cfg: RunConfig) -> ProxyConfig:
+    """The larger model of the validate stage: [proxy] scaled by validate.width/depth/tokens,
+    then validate.model's fields set outright. A proxy time limit scales with the compute."""
+    v, proxy_cfg = cfg.validate, cfg.proxy
+    scaled = {"n_embd": proxy_cfg.n_embd * v.width, "n_layer": proxy_cfg.n_layer * v.depth,
+              "steps": proxy_cfg.steps * v.tokens,
+              "timeout_s": proxy_cfg.timeout_s * v.width ** 2 * v.depth * v.tokens}
+    bad = sorted(set(v.model) & set(FIXED_FOR_VALIDATION))
+    if bad:
+        raise ConfigError(f"validate.model may not set {bad}: the validation model reads the search's token "
+                          "store, so it keeps the proxy's tokenizer")
+    try:
+        return from_dict(ProxyConfig, {**to_dict(proxy_cfg), **scaled, **v.model}, "validate.model")
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("[validate.model]", "validate.model")) from None
+
+
+def _check_model(proxy_cfg: ProxyConfig, where: str, note: str = "") -> None:
+    """A proxy-like model ([proxy] or the validation model): the proxy model and trainer
+    check the settings they take (GPTConfig's and TrainConfig's own checks), here named
+    as the `where` keys; `note` ends each message."""
+    if proxy_cfg.swarm not in ("auto", "stacked", "single"):
+        raise ConfigError(f"{where}.swarm must be 'auto', 'stacked' or 'single', got {proxy_cfg.swarm!r}{note}")
+    try:
+        proxy_cfg.model_config(proxy_cfg.vocab_size)  # the tokenizer's own size is known once it is trained
+        proxy_cfg.train_config()
+    except ConfigFieldError as e:
+        raise ConfigError(f"{where}.{e.field} {e.problem}{note}") from None
+
+
+def _check_validate(cfg: RunConfig) -> None:
+    v = cfg.validate
+    if v.seeds < 3:
+        raise ConfigError(f"validate.seeds must be at least 3 (paired seeds give each difference its "
+                          f"interval), got {v.seeds}")
+    _at_least(cfg, 1, "validate.width", "validate.depth", "validate.tokens", "validate.rank_seeds")
+    _at_least(cfg, 0, "validate.task_limit")
+    if v.rank_mixtures and v.rank_mixtures < 4:
+        raise ConfigError(f"validate.rank_mixtures must be 0 (no rank check) or at least 4 for a rank "
+                          f"correlation, got {v.rank_mixtures}")
+    unknown = set(v.baselines) - {"uniform", "natural", "one-shot"}
+    if unknown:
+        raise ConfigError(f"validate.baselines: unknown {sorted(unknown)}; choose from uniform, natural, one-shot")
+    if "one-shot" in v.baselines and "one-shot" not in cfg.search.baselines:
+        raise ConfigError('validate.baselines has "one-shot", which only a search with "one-shot" in '
+                          "search.baselines computes; add it there or drop it here")
+    m = validation_model(cfg)
+    _check_model(m, "validate.model", " (the validation model: [proxy] with n_embd, n_layer and steps multiplied "
+                                      "by validate.width, depth and tokens, then validate.model's settings)")
+    if m.command:
+        check_command(m.command)
+        if v.texts or v.tasks:
+            raise ConfigError("validate.texts / validate.tasks are evaluated by the built-in trainer; with an "
+                              "external trainer (proxy.command or validate.model.command) leave them empty")
+    if v.enabled:
+        check_validation_trains(cfg)
+
+
+def check_validation_trains(cfg: RunConfig) -> None:
+    """Validation trains models: a look-up table standing in for training cannot validate."""
+    if cfg.proxy.lookup and "command" not in cfg.validate.model:
+        raise ConfigError("validate trains models, but proxy.lookup stands in for training; set "
+                          "validate.model.command to a trainer, or do not validate this run")
+
+
+def check_run_dir(run_dir: str | Path) -> None:
+    """The run folder must be local (or mounted): it holds a lock, append-only logs and memory-mapped arrays."""
+    from climb.io.files import is_url
+    if is_url(str(run_dir)):
+        raise ConfigError(f"the run folder {run_dir} is a URL; it must be a local (or mounted) folder. The corpus "
+                          "and target may be URLs, and export.destination sends the dataset to an object store")
+
+
+def _at_least(cfg: RunConfig, low: float, *names: str) -> None:
+    for name in names:
+        section, key = name.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if value < low:
+            raise ConfigError(f"{name} must be at least {low}, got {value}")
+
+
+COMMAND_FIELDS = ("weights", "out")
+
+
+def check_command(command: str) -> None:
+    """A proxy.command template must name {out} and no placeholder but {weights} and {out}."""
+    import string
+    try:
+        fields_ = [f for _, f, _, _ in string.Formatter().parse(command) if f is not None]
+    except ValueError as e:
+        raise ConfigError(f"proxy.command {command!r}: {e}; write a literal brace as {{{{ or }}}}") from None
+    bad = [f for f in fields_ if f not in COMMAND_FIELDS]
+    if bad:
+        raise ConfigError(f"proxy.command {command!r}: {{{bad[0]}}} is not a placeholder (only {{weights}} and "
+                          "{out} are substituted); write a literal brace as {{ or }}")
+    if "out" not in fields_:
+        raise ConfigError(f"proxy.command {command!r} has no {{out}}: the command must write its metrics "
+                          "record (JSON) to the path substituted for {out}")

@@ -1,0 +1,28 @@
+"""Load a run config: TOML file, `--set` overrides, typed build, then the checks.
+
+    from climb.config import load_config
+    cfg = load_config("pipelines/demo.toml", ["search.iterations=[8,4]"])
+"""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from climb.config.checks import check_config
+from climb.config.schema import ConfigError, RunConfig, apply_overrides, from_dict
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"config file {p} not found; pass an existing file, e.g. pipelines/demo.toml")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: invalid TOML ({e})") from e
+    data = apply_overrides(data, overrides)
+    cfg = from_dict(RunConfig, data)
+    check_config(cfg)
+    return cfg

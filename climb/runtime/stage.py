@@ -1,0 +1,456 @@
+"""Run folders, stage manifests and the skip-if-unchanged rule.
+
+A run lives in one folder: `<run>/{config.toml, data/, embed/, cluster/, tokenize/,
+search/, validate/, export/, report/}`; `RunPaths` names every file in it, and a
+stage reaches another's outputs only through it. Each stage writes `manifest.json` last, holding a hash of
+the config sections it depends on, its upstream manifests' hashes and its input
+fingerprints, and the size and mtime_ns of every file the stage wrote. A
+stage whose manifest hash matches and whose files are as it left them is
+skipped; one without a manifest resumes task by task from the files already
+written. A file damaged or deleted since (a shard cut short, an assignment
+file removed) is taken away with the manifest, so the stage resumes and its
+producer writes that file again; a stage reading the outputs of an earlier one
+first checks them the same way and, if one is damaged, stops with a message
+naming the file and the command that re-creates it.
+
+Every stage runs inside `execute`: key, skip, begin (or resume), its own work over
+the executor, finish. Its tasks are frozen dataclasses. Inside a stage, work resumes
+task by task by one rule: a task writes each output whole (a temporary name renamed
+into place) and its last output marks it complete; a task that finds its outputs in
+place returns what they record instead of running again (an embedding shard's
+`.npy` and `.ids.parquet`, a fine-assignment file, a token-store part's `done.json`,
+a proxy's record in an append-only results log). Tasks that cost little to redo (the
+cluster summary, export shards) run again whole.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from climb.config import RunConfig, digest, to_toml
+from climb.io.files import InputError, atomic_path, read_json, resolve_corpus_files, shard_name, write_json
+
+log = logging.getLogger(__name__)
+# Bookkeeping files of a stage folder, not outputs.
+OWN_FILES = ("manifest.json", "state.json")
+
+
+@dataclass(frozen=True)
+class EmbedOutputs:
+    """`<run>/embed/`: one embedding shard per corpus shard."""
+    dir: Path
+
+    def vectors(self, shard: str) -> Path:
+        """float32 [docs, dim], L2-normalised, in corpus order (empty documents skipped)."""
+        return self.dir / f"{shard}.npy"
+
+    def ids(self, shard: str) -> Path:
+        """Parquet (id, bytes) aligned with `vectors(shard)`; written last, so it marks the shard done."""
+        return self.dir / f"{shard}.ids.parquet"
+
+
+@dataclass(frozen=True)
+class ClusterOutputs:
+    """`<run>/cluster/`: centroids, the cluster summary and per-shard assignments."""
+    dir: Path
+
+    @property
+    def centroids(self) -> Path:  # the k fine k-means centroids
+        return self.dir / "centroids.npy"
+
+    @property
+    def cluster_centroids(self) -> Path:  # one per (merged) cluster
+        return self.dir / "cluster_centroids.npy"
+
+    @property
+    def summary(self) -> Path:  # clusters.json: n_clusters, sizes, top terms, exemplars, fine_to_cluster
+        return self.dir / "clusters.json"
+
+    def fine(self, shard: str) -> Path:
+        return self.dir / "fine" / f"{shard}.parquet"
+
+    def assignments(self, shard: str) -> Path:
+        """Parquet: one row per embedded document, `cluster` (-1: pruned) and its distance."""
+        return self.dir / "assign" / f"{shard}.parquet"
+
+
+@dataclass(frozen=True)
+class TokenizeOutputs:
+    """`<run>/tokenize/`: the proxies' tokenizer and the per-cluster token store."""
+    dir: Path
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.dir / "tokenizer.json"
+
+    @property
+    def store(self) -> Path:  # a proxies.tokens.TokenStore folder
+        return self.dir / "tokens"
+
+
+@dataclass(frozen=True)
+class SearchOutputs:
+    """`<run>/search/`: every proxy result, the plans, the found mixture and its comparison."""
+    dir: Path
+
+    @property
+    def results(self) -> Path:  # append-only JSON lines, one record per proxy run
+        return self.dir / "results.jsonl"
+
+    def plan(self, iteration: int) -> Path:
+        return self.dir / f"plan_{iteration}.json"
+
+    @property
+    def plans(self) -> list[Path]:
+        return sorted(self.dir.glob("plan_*.json"))
+
+    @property
+    def mixture(self) -> Path:  # the found mixture, with the natural and uniform ones
+        return self.dir / "mixture.json"
+
+    @property
+    def replicates(self) -> Path:
+        return self.dir / "replicates.json"
+
+    @property
+    def one_shot(self) -> Path:
+        return self.dir / "one_shot.json"
+
+    @property
+    def one_shot_mixture(self) -> Path:
+        return self.dir / "one_shot_mixture.json"
+
+    @property
+    def comparison(self) -> Path:
+        return self.dir / "comparison.json"
+
+    @property
+    def quality(self) -> Path:
+        return self.dir / "quality.json"
+
+    @property
+    def swarm_weights(self) -> Path:
+        return self.dir / "swarm_weights.csv"
+
+    @property
+    def swarm_metrics(self) -> Path:
+        return self.dir / "swarm_metrics.csv"
+
+
+@dataclass(frozen=True)
+class ValidateOutputs:
+    """`<run>/validate/`: the larger models' plan, results and summary."""
+    dir: Path
+
+    @property
+    def plan(self) -> Path:
+        return self.dir / "plan.json"
+
+    @property
+    def results(self) -> Path:
+        return self.dir / "results.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        return self.dir / "summary.json"
+
+
+@dataclass(frozen=True)
+class ExportOutputs:
+    """`<run>/export/`: the dataset (unless sent to export.destination), its plan and blend files."""
+    dir: Path
+
+    def plan(self, shard: str) -> tuple[Path, Path, Path]:
+        """Per corpus row of the shard: copies to export, cluster, tokens kept by a cut (0: whole)."""
+        d = self.dir / "plan"
+        return d / f"{shard}.npy", d / f"{shard}.clusters.npy", d / f"{shard}.cut.npy"
+
+    @property
+    def mixture(self) -> Path:
+        return self.dir / "mixture.json"
+
+    @property
+    def megatron_blend(self) -> Path:
+        return self.dir / "megatron_blend.txt"
+
+    @property
+    def interleave(self) -> Path:
+        return self.dir / "interleave.json"
+
+    @property
+    def destination(self) -> Path:  # what was written to export.destination (size and tag per object)
+        return self.dir / "destination.json"
+
+
+@dataclass(frozen=True)
+class ReportOutputs:
+    dir: Path
+
+    @property
+    def page(self) -> Path:
+        return self.dir / "report.md"
+
+    @property
+    def summary(self) -> Path:
+        return self.dir / "summary.json"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every path of a run folder: each stage's outputs are reached through these, never by name."""
+    root: Path
+
+    def stage(self, name: str) -> Path:
+        p = self.root / name
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def manifest(self, name: str) -> Path:
+        return self.root / name / "manifest.json"
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.toml"
+
+    @property
+    def data(self) -> Path:  # inputs built by climb itself (the demo corpus)
+        return self.root / "data"
+
+    @property
+    def embed(self) -> EmbedOutputs:
+        return EmbedOutputs(self.root / "embed")
+
+    @property
+    def cluster(self) -> ClusterOutputs:
+        return ClusterOutputs(self.root / "cluster")
+
+    @property
+    def tokenize(self) -> TokenizeOutputs:
+        return TokenizeOutputs(self.root / "tokenize")
+
+    @property
+    def search(self) -> SearchOutputs:
+        return SearchOutputs(self.root / "search")
+
+    @property
+    def validate(self) -> ValidateOutputs:
+        return ValidateOutputs(self.root / "validate")
+
+    @property
+    def export(self) -> ExportOutputs:
+        return ExportOutputs(self.root / "export")
+
+    @property
+    def report(self) -> ReportOutputs:
+        return ReportOutputs(self.root / "report")
+
+    def stats(self, stage: str) -> dict:
+        """The `stats` a finished stage recorded in its manifest."""
+        return read_json(self.manifest(stage))["stats"]
+
+    def shards(self) -> list[str]:
+        """The corpus shards, in order, as the embed stage recorded them (every later stage's unit)."""
+        return self.stats("embed")["shards"]
+
+    def n_clusters(self) -> int:
+        return read_json(self.cluster.summary)["n_clusters"]
+
+    def corpus_files(self, cfg: RunConfig) -> list[Path]:
+        return resolve_corpus_files(cfg.corpus.paths, self.root, cfg.corpus.max_shards)
+
+    def shard_files(self, cfg: RunConfig) -> dict[str, Path | str]:
+        """Corpus file of each shard name."""
+        return {shard_name(f): f for f in self.corpus_files(cfg)}
+
+    def save_config(self, cfg: RunConfig) -> None:
+        """Write config.toml, only if it changed: a finished run in a read-only folder still reads."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        path, text = self.config, to_toml(cfg)
+        if path.exists() and path.read_text() == text:
+            return
+        with atomic_path(path) as tmp:
+            tmp.write_text(text)
+
+
+def output_fingerprints(folder: Path) -> dict[str, list[int]]:
+    """Size and mtime_ns of every file under a stage folder (temporary and bookkeeping files aside)."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if rel in OWN_FILES or any(part.startswith(".") for part in p.relative_to(folder).parts) or not p.is_file():
+            continue
+        st = p.stat()
+        out[rel] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def damaged_outputs(paths: RunPaths, stage: str) -> list[str]:
+    """Outputs of a finished stage that are missing or changed (size or mtime) since its manifest."""
+    folder = paths.root / stage
+    recorded = read_json(paths.manifest(stage)).get("outputs") or {}
+    bad = []
+    for rel, (size, mtime_ns) in recorded.items():
+        try:
+            st = (folder / rel).stat()
+        except FileNotFoundError:
+            bad.append(rel)
+            continue
+        if st.st_size != size or st.st_mtime_ns != mtime_ns:
+            bad.append(rel)
+    return bad
+
+
+def _describe(paths: RunPaths, stage: str, bad: list[str]) -> str:
+    first = paths.root / stage / bad[0]
+    state = "missing" if not first.exists() else "changed (size or time)"
+    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+    return f"{first} is {state} since `climb {stage}` wrote it{more}"
+
+
+def upstream_key(paths: RunPaths, stage: str) -> str:
+    """The key a later stage takes from an earlier one: the hash in its manifest (with the
+    content digest of a repair that changed its outputs), after checking its outputs are
+    as it left them."""
+    m = paths.manifest(stage)
+    if not m.exists():
+        raise FileNotFoundError(f"stage {stage!r} has not run in {paths.root}; run `climb {stage}` first")
+    try:
+        manifest = read_json(m)
+    except ValueError:
+        raise InputError(f"{m} is damaged; run `climb {stage}` (same --config and --run) to re-create it") from None
+    bad = damaged_outputs(paths, stage)
+    if bad:
+        raise InputError(f"{_describe(paths, stage, bad)}; run `climb {stage}` (same --config and --run) "
+                         "to re-create it")
+    # A repair that changed what the stage produced (see finish) changes what later stages key on.
+    return digest(manifest["hash"], manifest["content"]) if manifest.get("content") else manifest["hash"]
+
+
+def is_done(paths: RunPaths, stage: str, key: str, keep: tuple[str, ...] = (),
+            cascade: dict[str, str] | None = None) -> bool:
+    """Whether the stage finished with this key and its outputs are intact.
+
+    Damaged outputs are removed with the manifest, so the stage resumes and writes
+    them again; `keep` names files repaired in place instead (an append-only log),
+    and `cascade` maps a file to a folder that depends on it and goes with it.
+    """
+    m = paths.manifest(stage)
+    if not m.exists():
+        return False
+    try:
+        if read_json(m).get("hash") != key:
+            return False
+    except ValueError:
+        return False
+    bad = damaged_outputs(paths, stage)
+    if not bad:
+        return True
+    log.warning("%s: %s; running %s again to re-create it", stage, _describe(paths, stage, bad), stage)
+    folder = paths.root / stage
+    import shutil
+    old = read_json(m)
+    write_json(folder / "state.json", {"hash": key, "repairing": {k: old.get(k) for k in ("digest", "content")}})
+    for rel in bad:
+        if rel in keep:
+            continue
+        (folder / rel).unlink(missing_ok=True)
+        dependent = (cascade or {}).get(rel)
+        if dependent and (folder / dependent).exists():
+            shutil.rmtree(folder / dependent)
+    m.unlink()
+    return False
+
+
+def begin(paths: RunPaths, stage: str, key: str, keep_on_change: bool = False) -> Path:
+    """Start (or resume) a stage. Task outputs left by a run with another config
+    are stale: they are removed, or, for a stage too costly to lose (the search),
+    moved aside to `<stage>.prev-<time>`."""
+    import shutil
+    d = paths.stage(stage)
+    state = d / "state.json"
+    if state.exists() and read_json(state).get("hash") != key:
+        if keep_on_change:
+            old = d.with_name(f"{stage}.prev-{time.strftime('%Y%m%d-%H%M%S')}")
+            log.warning("%s: config or inputs changed; previous results moved to %s", stage, old)
+            d.rename(old)
+        else:
+            log.info("%s: config or inputs changed; removing the previous outputs in %s", stage, d)
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+    elif not state.exists() and any(d.iterdir()):
+        for child in d.iterdir():  # outputs of unknown provenance: do not resume from them
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    kept = read_json(state) if state.exists() else {}
+    write_json(state, {**kept, "hash": key})
+    return d
+
+
+def _files_digest(folder: Path, files: tuple[str, ...]) -> str | None:
+    import hashlib
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for rel in files:
+        h.update(rel.encode() + b"\0" + (folder / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def finish(paths: RunPaths, stage: str, key: str, stats: dict, started: float,
+           digest_files: tuple[str, ...] = ()) -> dict:
+    """Write the manifest: key, stats, output fingerprints, and a digest of `digest_files`.
+
+    After a repair (is_done found damaged outputs) the digest is compared with the one
+    before: where the stage did not reproduce what it had (k-means on a GPU, say), the
+    new digest becomes the manifest's `content`, which later stages key on, so they
+    run again instead of mixing old and new results.
+    """
+    stats = dict(stats, seconds=round(time.time() - started, 3))
+    folder = paths.root / stage
+    files_digest = _files_digest(folder, digest_files)
+    state = read_json(folder / "state.json") if (folder / "state.json").exists() else {}
+    content = None
+    if "repairing" in state:
+        before = state["repairing"]
+        content = before.get("content") if files_digest == before.get("digest") else files_digest
+        if content != before.get("content"):
+            log.warning("%s: the re-created outputs differ from the previous ones; later stages run again", stage)
+        write_json(folder / "state.json", {"hash": key})
+    manifest = {"stage": stage, "hash": key, "stats": stats, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "digest": files_digest, "outputs": output_fingerprints(folder)}
+    if content:
+        manifest["content"] = content
+    write_json(paths.manifest(stage), manifest)
+    log.info("%s done in %.1fs", stage, stats["seconds"])
+    return stats
+
+
+def execute(paths: RunPaths, stage: str, key: str, body: Callable[[Path, Any], dict], *, executor=None,
+            processes: int = 1, keep: tuple[str, ...] = (), cascade: dict[str, str] | None = None,
+            keep_on_change: bool = False, digest_files: tuple[str, ...] = ()) -> dict:
+    """What every stage does around its own work: skip it if it finished with this key and
+    its outputs are intact; otherwise begin (or resume) it, run `body(folder, executor)`
+    (the executor of `executor`, an ExecutorConfig, with `processes` local workers; None
+    without one), and write the manifest from the stats it returns.
+
+    `keep`, `cascade` (see is_done), `keep_on_change` (see begin) and `digest_files` (see
+    finish) are the stage's own rules for repairs and changes.
+    """
+    if is_done(paths, stage, key, keep, cascade):
+        return skipped(paths, stage)
+    started = time.time()
+    folder = begin(paths, stage, key, keep_on_change)
+    if executor is None:
+        stats = body(folder, None)
+    else:
+        from climb.runtime.executor import make_executor
+        with make_executor(executor, processes) as ex:
+            stats = body(folder, ex)
+    return finish(paths, stage, key, stats, started, digest_files)
+
+
+def skipped(paths: RunPaths, stage: str) -> dict:
+    log.info("%s: up to date, skipped (delete %s to force)", stage, paths.manifest(stage))
+    return dict(read_json(paths.manifest(stage))["stats"], skipped_stage=True)

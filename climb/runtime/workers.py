@@ -1,0 +1,89 @@
+"""Worker processes for proxy runs on a CPU: one proxy per core, one torch thread each.
+
+On idle cores one proxy per core in single-thread processes trains about as fast
+as one proxy at a time on all cores (see BENCHMARKS.md, Proxies in worker
+processes), with records identical to a serial one-thread run;
+a proxy with one thread per process does not stall when another program takes a
+core, where two OpenMP threads per proxy wait on each other. So on a CPU the search
+trains one proxy per available core, each in its own process with one thread. Workers are started once (spawned, since a
+forked torch can deadlock) and kept for the life of the process, so each loads
+the token store (memory-mapped), tokenizer and target once and reuses them.
+
+    from climb.runtime.workers import pool_map, cpu_slots
+    records = pool_map(train_and_score, tasks, processes=cpu_slots())
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing
+import os
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from typing import Any, Callable, Sequence
+
+from tqdm.auto import tqdm
+
+log = logging.getLogger(__name__)
+_POOLS: dict[int, ProcessPoolExecutor] = {}
+
+
+def cpu_slots() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's core count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _init(level: int) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+    import torch
+    torch.set_num_threads(1)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
+def _pool(n: int) -> ProcessPoolExecutor:
+    pool = _POOLS.get(n)
+    if pool is None or getattr(pool, "_broken", False):
+        pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
+                                   initargs=(logging.getLogger().getEffectiveLevel(),))
+        _POOLS[n] = pool
+    return pool
+
+
+def shutdown(kill: bool = False) -> None:
+    """Stop the worker processes (at exit; `kill` stops running proxies too)."""
+    for n, pool in list(_POOLS.items()):
+        _POOLS.pop(n, None)
+        if kill:
+            for p in list(getattr(pool, "_processes", {}).values()):
+                p.terminate()
+        pool.shutdown(wait=not kill, cancel_futures=True)
+
+
+atexit.register(shutdown)
+
+
+def pool_map(fn: Callable, tasks: Sequence[Any], processes: int, desc: str = "",
+             on_result: Callable[[int, Any], None] | None = None) -> list:
+    """fn over tasks in `processes` workers; results in task order, on_result(i, r) as each arrives."""
+    tasks = list(tasks)
+    pool = _pool(processes)
+    out: list = [None] * len(tasks)
+    try:
+        pending = {pool.submit(fn, t): i for i, t in enumerate(tasks)}
+        with tqdm(total=len(tasks), desc=desc, leave=False) as bar:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for f in sorted(done, key=pending.get):
+                    i = pending.pop(f)
+                    out[i] = f.result()
+                    if on_result is not None:
+                        on_result(i, out[i])
+                    bar.update()
+    except BaseException:
+        # Ctrl-C or a failed task: running proxies are stopped, not left to finish unseen.
+        shutdown(kill=True)
+        raise
+    return out

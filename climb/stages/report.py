@@ -1,0 +1,334 @@
+"""Stage 7, report: one Markdown page with PNG plots, and `summary.json`.
+
+Plots: cluster sizes, a 2-D map of the clusters (PCA of their centroids,
+sized by documents), objective by iteration, predicted vs measured, and the
+final weights against the natural token shares. The page ends with the
+comparison table (found mixture vs uniform vs natural, each the mean of fresh
+proxies trained with seeds the search never used), which is also printed and
+written as `report/summary.json`. When the validate stage has run, a "Does it
+transfer?" section gives the larger model's verdicts and the rank transfer plot.
+
+    climb report --config pipelines/demo.toml --run runs/demo
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from climb.config import RunConfig, digest
+from climb.io.files import read_json, write_json
+from climb.optimize.predictor import goal_sign
+from climb.runtime.stage import RunPaths, execute, upstream_key
+from climb.stages.search import read_results
+
+log = logging.getLogger(__name__)
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _label(c: dict) -> str:
+    return f"{c['cluster']}: " + " ".join(c["top_terms"][:3])
+
+
+def plot_clusters(clusters: list[dict], centroids: np.ndarray, out: Path) -> list[str]:
+    plt = _plt()
+    docs = np.array([c["docs"] for c in clusters])
+    fig, ax = plt.subplots(figsize=(8, max(3, 0.28 * len(clusters))))
+    ax.barh([_label(c) for c in clusters], docs, color="#4c72b0")
+    ax.invert_yaxis()
+    ax.set_xlabel("documents")
+    ax.set_title("Cluster sizes")
+    fig.tight_layout()
+    fig.savefig(out / "cluster_sizes.png", dpi=110)
+    plt.close(fig)
+    from sklearn.decomposition import PCA
+    xy = PCA(n_components=2, random_state=0).fit_transform(centroids) if len(centroids) > 2 else \
+        np.c_[np.arange(len(centroids)), np.zeros(len(centroids))]
+    fig, ax = plt.subplots(figsize=(7, 6))
+    ax.scatter(xy[:, 0], xy[:, 1], s=30 + 600 * docs / docs.max(), alpha=0.5, color="#dd8452")
+    for c, (x, y) in zip(clusters, xy):
+        ax.annotate(_label(c), (x, y), fontsize=7, ha="center")
+    ax.set_title("Cluster map (PCA of centroids; area ~ documents)")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    fig.tight_layout()
+    fig.savefig(out / "cluster_map.png", dpi=110)
+    plt.close(fig)
+    return ["cluster_sizes.png", "cluster_map.png"]
+
+
+def plot_search(results: list[dict], plans: dict, goal: str, name: str, out: Path) -> list[str]:
+    plt = _plt()
+    ok = [r for r in results if r["status"] == "ok" and r["iteration"] >= 0]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    its = np.array([r["iteration"] + 1 for r in ok])
+    ys = np.array([r["objective"] for r in ok])
+    jitter = np.random.default_rng(0).uniform(-0.12, 0.12, len(its))
+    ax.scatter(its + jitter, ys, alpha=0.6)
+    best = [min(goal_sign(goal) * ys[its <= i]) * goal_sign(goal) for i in sorted(set(its))]
+    ax.plot(sorted(set(its)), best, "k-o", label="best so far")
+    ax.set_xticks(sorted(set(its.tolist())))
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(f"{name} ({goal})")
+    ax.set_title("Objective by iteration")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "score_by_iteration.png", dpi=110)
+    plt.close(fig)
+    pred = [(plans.get(r["mixture_id"]), r["objective"]) for r in ok]
+    pred = [(p, y) for p, y in pred if p is not None]
+    files = ["score_by_iteration.png"]
+    if pred:
+        p, y = np.array(pred).T
+        fig, ax = plt.subplots(figsize=(5, 5))
+        ax.scatter(p, y)
+        lo, hi = min(p.min(), y.min()), max(p.max(), y.max())
+        ax.plot([lo, hi], [lo, hi], "k--", lw=1)
+        ax.set_xlabel("predicted (before training)")
+        ax.set_ylabel("measured")
+        ax.set_title("Predicted vs measured (iterations 2+)")
+        fig.tight_layout()
+        fig.savefig(out / "predicted_vs_measured.png", dpi=110)
+        plt.close(fig)
+        files.append("predicted_vs_measured.png")
+    return files
+
+
+def plot_weights(final: np.ndarray, natural: np.ndarray, clusters: list[dict], out: Path) -> str:
+    plt = _plt()
+    idx = np.arange(len(final))
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(final)), 4))
+    ax.bar(idx - 0.2, natural, 0.4, label="natural (token share)", color="#999999")
+    ax.bar(idx + 0.2, final, 0.4, label="found mixture", color="#c44e52")
+    ax.set_xticks(idx, [str(c["cluster"]) for c in clusters])
+    ax.set_xlabel("cluster")
+    ax.set_ylabel("weight")
+    ax.set_title("Final weights vs natural distribution")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "weights.png", dpi=110)
+    plt.close(fig)
+    return "weights.png"
+
+
+def summary_table(summary: dict) -> str:
+    """The comparison as Markdown: each mixture's mean, and climb minus it with a 95% interval."""
+    t, res = summary["target"], summary["results"]
+    if not res:
+        return "(no comparison results: every comparison proxy failed; see search/comparison.json)"
+    comp = summary.get("comparison", {})
+    best = min(res, key=lambda k: goal_sign(t["goal"]) * res[k])
+    lines = [f"| mixture | {t['name']} ({t['goal']}) | climb − mixture (95% CI) | verdict |",
+             "| --- | --- | --- | --- |"]
+    for k, v in res.items():
+        diff, verdict = _verdict_cells(comp.get(k), "", "")
+        if comp.get(k, {}).get("ci95") and comp[k].get("seeds_to_resolve"):
+            verdict += f" (about {comp[k]['seeds_to_resolve']} seeds would resolve it)"
+        lines.append(f"| {k}{' (best)' if k == best else ''} | {v:.4f} | {diff} | {verdict} |")
+    return "\n".join(lines)
+
+
+def _verdict_cells(c: dict | None, no_diff: str, no_verdict: str) -> tuple[str, str]:
+    """A paired comparison as table cells: the difference with its 95% interval, and the verdict."""
+    if not c or not c.get("ci95"):
+        return no_diff, no_verdict
+    verdict = f"climb {c['verdict']}" if c["verdict"] != "not resolved" else "not resolved"
+    return f"{c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]", verdict
+
+
+def quality_lines(q: dict) -> str:
+    """The run's noise, signal and predictor skill as Markdown bullets."""
+    def f(v):
+        return "n/a" if v is None else f"{v:.4f}"
+    oof = ", ".join("n/a" if v is None else f"{v:.2f}" for v in q.get("predictor_oof_spearman", []))
+    snr = "n/a" if q.get("snr") is None else f"{q['snr']:.1f}"
+    lines = [f"- seed noise of one proxy (sd): {f(q.get('seed_sd'))}; paired (mixtures sharing a seed): "
+             f"{f(q.get('paired_sd'))} ({q.get('noise_df', 0)} degrees of freedom)",
+             f"- spread of the objective across iteration 1's swarm (sd): {f(q.get('swarm_sd'))}",
+             f"- signal-to-noise (swarm sd / paired sd): {snr}"
+             f" (want >= {q.get('thresholds', {}).get('snr', 2)})",
+             f"- predictor out-of-fold Spearman by iteration: {oof or 'n/a'}"]
+    lines += [f"- **warning**: {w}" for w in q.get("warnings", [])]
+    return "\n".join(lines)
+
+
+def plot_transfer(summary: dict, name: str, out: Path) -> str | None:
+    """Proxy score against the larger model's score, one point per validated mixture."""
+    pts = [q for q in summary["points"] if q["proxy"] is not None and q["validation"] is not None]
+    if len(pts) < 2:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for role, color, label in (("rank", "#4c72b0", "search mixtures"), ("compared", "#c44e52", "compared mixtures")):
+        sel = [q for q in pts if q["role"] == role]
+        if sel:
+            ax.scatter([q["proxy"] for q in sel], [q["validation"] for q in sel], color=color, label=label)
+    for q in pts:
+        if q["role"] == "compared":
+            ax.annotate(q["name"], (q["proxy"], q["validation"]), fontsize=8, xytext=(4, 4),
+                        textcoords="offset points")
+    r = summary["rank"]
+    rho = "n/a" if r["spearman"] is None else f"{r['spearman']:+.2f}"
+    short = name if len(name) <= 30 else f"target ({name.count('+') + 1} metrics averaged)"
+    ax.set_xlabel(f"proxy: {short}")
+    ax.set_ylabel(f"larger model: {short}")
+    ax.set_title(f"Rank transfer (Spearman over search mixtures {rho})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "transfer.png", dpi=110)
+    plt.close(fig)
+    return "transfer.png"
+
+
+def _comparison_rows(block: dict, label: str) -> list[str]:
+    if block.get("constant") is not None:  # e.g. an accuracy every model scores 0 on: nothing to compare
+        return [f"| {label} ({block['goal']}) | all | {block['constant']:.4f} | {block['constant']:.4f} | "
+                "every model scored the same | uninformative at this scale |"]
+    rows = []
+    for n, c in block["comparison"].items():
+        diff, verdict = _verdict_cells(c, "n/a", "not resolved")
+        ours, theirs = block["means"].get("climb"), block["means"].get(n)
+        fmt = lambda v: "n/a" if v is None else f"{v:.4f}"  # noqa: E731
+        rows.append(f"| {label} ({block['goal']}) | {n} | {fmt(ours)} | {fmt(theirs)} | {diff} | {verdict} |")
+    return rows
+
+
+def transfer_section(v: dict) -> str:
+    """"Does it transfer?": the larger model's verdicts (target and held-out) and the rank statistic."""
+    m, px = v["model"], v["proxy"]
+    size = (f"{m['n_layer']} layers x {m['n_embd']} wide"
+            + (f", {m['parameters']:,} parameters" if m.get("parameters") else "")
+            + f", {m['tokens']:,} training tokens")
+    small = (f"{px['n_layer']} x {px['n_embd']}" + (f", {px['parameters']:,} parameters" if px.get("parameters")
+                                                      else "") + f", {px['tokens']:,} tokens")
+    rows = _comparison_rows(v["target"], f"target {v['target']['name']}")
+    for metric, block in v["heldout"].items():
+        rows += _comparison_rows(block, f"held-out {metric[len('heldout/'):]}")
+    r = v["rank"]
+    if r["spearman"] is None:
+        rank = "Rank transfer: not measured (fewer than 3 search mixtures validated)."
+    else:
+        ci = f", 95% interval [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]" if r["ci95"] else ""
+        if r.get("p_value") is not None:
+            ci += f", one-sided permutation p = {r['p_value']:.2g}"
+        a = r["all_mixtures"]
+        rank = (f"Rank transfer: Spearman between proxy score and larger-model score **{r['spearman']:+.2f}**{ci} "
+                f"over {r['n']} search mixtures chosen across the range of proxy scores"
+                + (f" ({a['spearman']:+.2f} over all {a['n']} validated mixtures)." if a["spearman"] is not None
+                   else "."))
+    return "\n".join([
+        f"A larger model ({size}; the proxies: {small}) trained on each mixture with the same "
+        f"{len(v['seeds'])} paired seeds ({v['seeds'][0]}..{v['seeds'][-1]})."
+        + (" The held-out evaluations were never seen by the search." if v["heldout"] else ""), "",
+        "| evaluation | vs | climb | baseline | climb − baseline (95% CI) | verdict |",
+        "| --- | --- | --- | --- | --- | --- |", *rows, "", rank])
+
+
+def _validation(cfg: RunConfig, paths: RunPaths) -> tuple[dict | None, str]:
+    """The validate stage's summary and manifest hash, if it finished for the current search and config."""
+    from climb.stages import validate
+    if not paths.manifest("validate").exists():
+        return None, ""
+    vkey = upstream_key(paths, "validate")
+    if read_json(paths.manifest("validate")).get("hash") != validate.key(cfg, paths):
+        log.info("report: validate/ is from another search or config; run `climb validate` to bring it up to date")
+        return None, ""
+    return read_json(paths.validate.summary), vkey
+
+
+def run(cfg: RunConfig, paths: RunPaths) -> dict:
+    validation, vkey = _validation(cfg, paths)
+    key = digest(upstream_key(paths, "search"), cfg.name, *([vkey] if vkey else []))
+    stats = execute(paths, "report", key, lambda out, ex: _report(cfg, paths, validation, out))
+    if stats.get("skipped_stage"):
+        print("\n" + summary_table(read_json(paths.report.summary)) + f"\n\nreport: {paths.report.page}\n")
+    return stats
+
+
+def _report(cfg: RunConfig, paths: RunPaths, validation: dict | None, out: Path) -> dict:
+    csum = read_json(paths.cluster.summary)
+    clusters = csum["clusters"]
+    mix = read_json(paths.search.mixture)
+    results = read_results(paths)
+    plans = {}
+    for f in paths.search.plans:
+        for m in read_json(f)["mixtures"]:
+            plans[m["mixture_id"]] = m["predicted"]
+    sstats = paths.stats("search")
+    comp = sstats["comparison"]
+    qfile = paths.search.quality
+    quality = read_json(qfile) if qfile.exists() else {}
+    name = "+".join(cfg.target.objective)
+    summary = {"target": {"name": name, "goal": cfg.target.goal},
+               "results": {k: float(v) for k, v in comp.items() if v is not None},
+               "comparison": sstats.get("verdicts", {}),
+               "quality": {k: quality.get(k) for k in ("seed_sd", "paired_sd", "swarm_sd", "snr",
+                                                       "predictor_oof_spearman", "warnings")},
+               "proxies_trained": sstats.get("proxies", len(results)) + sstats.get("replicate_proxies", 0)
+               + sstats.get("comparison_proxies", len(comp) * cfg.search.eval_seeds)
+               + sstats.get("one_shot_proxies", 0),
+               "clusters": len(clusters)}
+    figs = plot_clusters(clusters, np.load(paths.cluster.cluster_centroids), out)
+    figs += plot_search(results, plans, cfg.target.goal, name, out)
+    figs.append(plot_weights(np.array(mix["weights"]), np.array(mix["natural"]), clusters, out))
+    transfer = ""
+    if validation is not None:
+        summary["transfer"] = {k: validation[k] for k in ("model", "seeds", "target", "heldout", "rank")}
+        fig = plot_transfer(validation, name, out)
+        figs += [fig] if fig else []
+        transfer = "## Does it transfer?\n\n" + transfer_section(validation) + "\n\n" + \
+            ("![transfer](transfer.png)\n\n" if fig else "")
+    write_json(paths.report.summary, summary)
+    w, nat = np.array(mix["weights"]), np.array(mix["natural"])
+    rows = "\n".join(f"| {c['cluster']} | {c['docs']} | {nat[i]:.3f} | {w[i]:.3f} | {', '.join(c['top_terms'][:6])} |"
+                     for i, c in enumerate(clusters))
+    page = f"""# climb report: {cfg.name}
+
+Target: **{name}**, goal **{cfg.target.goal}**. {len(results)} search proxies over
+{len(cfg.search.iterations)} iterations ({' -> '.join(map(str, cfg.search.iterations))}), predictor
+`{mix['predictor']}`; {len(clusters)} clusters.
+
+## Result
+
+Each row is the mean of {cfg.search.eval_seeds} fresh proxies trained with seeds
+{cfg.search.eval_seed}..{cfg.search.eval_seed + cfg.search.eval_seeds - 1}, which the search never used; every
+mixture gets the same seeds, so each difference is paired by seed, with a 95% paired-t interval. A difference
+whose interval spans zero is not resolved.
+
+{summary_table(summary)}
+
+## How far to trust it
+
+{quality_lines(quality)}
+
+Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy seen during the search:
+{mix['best_seen']['objective']:.4f} ({mix['best_seen']['mixture_id']}).
+
+![weights](weights.png)
+
+{transfer}## Search
+
+![score by iteration](score_by_iteration.png)
+{"![predicted vs measured](predicted_vs_measured.png)" if "predicted_vs_measured.png" in figs else ""}
+
+## Clusters
+
+| cluster | docs | natural | found | top terms |
+| --- | --- | --- | --- | --- |
+{rows}
+
+![sizes](cluster_sizes.png)
+![map](cluster_map.png)
+"""
+    paths.report.page.write_text(page)
+    print("\n" + summary_table(summary) + "\n\n" + quality_lines(quality)
+          + (f"\n\nDoes it transfer?\n{transfer_section(validation)}" if validation is not None else "")
+          + f"\n\nreport: {paths.report.page}\n")
+    return {"figures": figs, "summary": summary}

@@ -1,0 +1,120 @@
+"""Stage 3, tokenize: the proxies' tokenizer and the per-cluster token store.
+
+A byte-level BPE tokenizer is trained on `proxy.tokenizer_docs` documents drawn
+evenly from the corpus files (or `proxy.tokenizer` names one to use). Every
+clustered document (pruned ones aside) is then tokenised, one task per corpus
+shard, into the shard's part of the token store, and the parts are merged into
+one token file per cluster (proxies.tokens). Outputs, under `<run>/tokenize/`:
+
+- `tokenizer.json`
+- `tokens/`: `cluster_XXXXX.bin` (token ids, EOS after each document),
+  `index.json` (tokens and bytes per cluster), and `parts/<shard>/`, whose
+  `doc_tokens.npy` gives each kept document's token count (EOS included) in
+  corpus order: the export sizes documents by it.
+
+A shard whose part is complete is not tokenised again, so a killed stage resumes
+shard by shard. The search trains proxies on the store; the export counts and
+cuts documents with the tokenizer.
+
+    climb tokenize --config pipelines/demo.toml --run runs/demo
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from climb.config import CorpusConfig, RunConfig, digest
+from climb.io.files import fingerprint, read_aligned, read_documents
+from climb.runtime.stage import RunPaths, execute, upstream_key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TokenizeTask:
+    """One corpus shard to tokenise into the store's part for it."""
+    shard: str
+    path: str
+    corpus: CorpusConfig
+    tokenizer: str
+    assignments: str
+    store: str
+
+
+def tokenize_shard(task: TokenizeTask) -> dict:
+    from climb.stages.cluster import read_assignments
+    from proxies.tokenizer import load_tokenizer
+    from proxies.tokens import write_shard_tokens
+    tok = load_tokenizer(task.tokenizer)
+    clusters = read_assignments(Path(task.assignments))["cluster"].to_numpy()
+    texts, cl = [], []
+    for start, b in read_aligned(task.path, task.corpus, len(clusters)):
+        for row, text in enumerate(b.texts, start):
+            if clusters[row] >= 0:  # pruned documents never reach a proxy
+                texts.append(text)
+                cl.append(int(clusters[row]))
+    return write_shard_tokens(texts, np.asarray(cl, dtype=np.int64), tok, task.store, task.shard)
+
+
+def tokenizer_texts(cfg: RunConfig, files: list[Path | str]) -> list[str]:
+    """The documents a BPE tokenizer is trained on: the first ones of each file, evenly."""
+    per_file = max(1, cfg.proxy.tokenizer_docs // max(1, len(files)))
+    texts: list[str] = []
+    for f in files:
+        got = 0
+        for b in read_documents(f, cfg.corpus.text_column, cfg.corpus.id_column, batch_rows=cfg.corpus.batch_rows):
+            texts += b.texts[: per_file - got]
+            got = min(per_file, got + len(b.texts))
+            if got >= per_file:
+                break
+    return texts
+
+
+def key(cfg: RunConfig, paths: RunPaths) -> str:
+    proxy_cfg = cfg.proxy
+    # A given tokenizer keys by its file too; a missing one is named by load_tokenizer when the stage runs.
+    given = fingerprint([proxy_cfg.tokenizer]) if proxy_cfg.tokenizer and Path(proxy_cfg.tokenizer).exists() else None
+    return digest(upstream_key(paths, "cluster"), cfg.corpus.text_column, cfg.corpus.id_column,
+                  {"tokenizer": proxy_cfg.tokenizer, "vocab_size": proxy_cfg.vocab_size,
+                   "tokenizer_docs": proxy_cfg.tokenizer_docs}, given)
+
+
+def cluster_tokens(paths: RunPaths) -> np.ndarray:
+    """Tokens per cluster (int64) in the finished stage's store."""
+    from proxies.tokens import TokenStore
+    return TokenStore(paths.tokenize.store).tokens.astype(np.int64)
+
+
+def run(cfg: RunConfig, paths: RunPaths) -> dict:
+    # A damaged tokenizer takes the token store made with it along.
+    return execute(paths, "tokenize", key(cfg, paths), lambda folder, ex: _tokenize(cfg, paths, ex),
+                   executor=cfg.executor, cascade={"tokenizer.json": "tokens"},
+                   digest_files=("tokenizer.json", "tokens/index.json"))
+
+
+def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
+    from proxies.tokenizer import load_tokenizer, train_bpe
+    from proxies.tokens import TokenStore, merge_token_stores, store_is_complete
+    out = paths.tokenize
+    if out.tokenizer.exists():
+        tok = load_tokenizer(out.tokenizer)
+    elif cfg.proxy.tokenizer:
+        tok = load_tokenizer(cfg.proxy.tokenizer)
+        tok.save(out.tokenizer)
+    else:
+        tok = train_bpe(tokenizer_texts(cfg, paths.corpus_files(cfg)), cfg.proxy.vocab_size, out.tokenizer)
+    names = paths.shards()
+    if not store_is_complete(out.store):
+        files = paths.shard_files(cfg)
+        tasks = [TokenizeTask(shard=s, path=str(files[s]), corpus=cfg.corpus, tokenizer=str(out.tokenizer),
+                              assignments=str(paths.cluster.assignments(s)), store=str(out.store)) for s in names]
+        ex.map(tokenize_shard, tasks, desc="tokenize")
+        merge_token_stores(out.store, names, paths.n_clusters())
+    store = TokenStore(out.store)
+    vocab = tok.vocab_size
+    log.info("tokenize: %d tokens in %d clusters from %d shards (vocabulary %d)", int(store.tokens.sum()),
+             len(store.tokens), len(names), vocab)
+    return {"tokens": int(store.tokens.sum()), "clusters": len(store.tokens), "shards": names, "vocab_size": vocab}
