@@ -237,8 +237,11 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
                      *(_fmt(q[k]) for k in ("seed_sd", "paired_sd", "swarm_sd", "snr")))
             for w in warnings(q):
                 log.warning("%s", w)
-        oof.append(_oof(cfg, results))
-        ok = [r for r in results if r["status"] == "ok"]
+        # A resumed search's log already holds later iterations' records: each iteration's
+        # figures are of the results up to it, as in an undisturbed run.
+        so_far = [r for r in results if r["iteration"] <= it]
+        oof.append(_oof(cfg, so_far))
+        ok = [r for r in so_far if r["status"] == "ok"]
         if ok:
             best = min(ok, key=lambda r: goal_sign(cfg.target.goal) * r["objective"])
             log.info("after iteration %d: best %s = %.4f (%s); predictor out-of-fold Spearman %s",

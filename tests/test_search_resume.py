@@ -1,0 +1,126 @@
+"""A search killed at any point and resumed reports exactly what an undisturbed one does.
+
+One search runs to the end; then, for each kill point (in each iteration, between
+the search and its replicates, in the comparison), a copy of the run folder is cut
+back to what a kill there leaves on disk: the results log up to that proxy, the
+plans written so far, nothing written after. The resumed search must then produce
+every output file of the undisturbed one, field for field (less wall-clock times).
+The proxies are the quadratic-bowl trainer, so results do not depend on timing.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from climb.config import load_config
+from climb.runtime.stage import RunPaths
+from climb.stages import cluster, embed, search, tokenization
+
+HELPER = Path(__file__).parent / "helpers" / "quadratic_proxy.py"
+ITERATIONS = (4, 4, 4)
+TIMING = {"seconds"}
+
+
+def _no_timing(obj):
+    if isinstance(obj, dict):
+        return {k: _no_timing(v) for k, v in obj.items() if k not in TIMING}
+    if isinstance(obj, list):
+        return [_no_timing(v) for v in obj]
+    return obj
+
+
+def outputs(paths: RunPaths) -> dict[str, object]:
+    """Every file of the search folder but its bookkeeping, parsed, without timings."""
+    out = {}
+    for f in sorted(paths.search.dir.iterdir()):
+        if f.name in ("manifest.json", "state.json") or not f.is_file():
+            continue
+        text = f.read_text()
+        if f.suffix == ".jsonl":
+            out[f.name] = [_no_timing(json.loads(x)) for x in text.splitlines()]
+        elif f.suffix == ".json":
+            out[f.name] = _no_timing(json.loads(text))
+        else:
+            out[f.name] = text
+    return out
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """(cfg, the undisturbed run's paths, its outputs)."""
+    from conftest import FakeModel, vocab_docs, write_parquet_shards
+    tmp = tmp_path_factory.mktemp("resume")
+    write_parquet_shards(tmp / "corpus", vocab_docs(60), 2)
+    cfg = load_config(None, [
+        f'corpus.paths=["{tmp}/corpus/*.parquet"]', "cluster.k=4", "cluster.niter=10",
+        "proxy.vocab_size=320", "proxy.seq_len=16", "proxy.tokenizer_docs=100",
+        f'proxy.command="{sys.executable} {HELPER} {{weights}} {{out}}"',
+        'target.objective=["loss"]', 'target.goal="minimize"', 'target.texts=["x"]',
+        f"search.iterations={list(ITERATIONS)}", "search.pool_size=2000", "search.min_weight=0.0",
+        "search.epoch_cap=100.0", "search.replicates=2", "search.replicate_seeds=1", "search.eval_seeds=2"])
+    paths = RunPaths(tmp / "ref")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(embed, "load_model", lambda c: FakeModel())
+    try:
+        embed.run(cfg, paths)
+    finally:
+        mp.undo()
+    cluster.run(cfg, paths)
+    tokenization.run(cfg, paths)
+    search.run(cfg, paths)
+    return cfg, paths, outputs(paths)
+
+
+def _kill(paths: RunPaths, kept: int, plans: int, keep: tuple[str, ...] = ()) -> None:
+    """Leave what a kill leaves: `kept` records of the log, plans 0..plans-1, the stage's state
+    (written when it starts: without it the stage would start over) and the `keep` files."""
+    d = paths.search.dir
+    lines = paths.search.results.read_text().splitlines()
+    for f in d.iterdir():
+        if f.name.startswith("plan_"):
+            if int(f.stem.split("_")[1]) >= plans:
+                f.unlink()
+        elif f.name not in ("results.jsonl", "state.json") + keep:
+            f.unlink()
+    paths.search.results.write_text("".join(x + "\n" for x in lines[:kept]))
+
+
+# (name, records kept, plans on disk, other files kept)
+KILLS = [
+    ("in iteration 1", 2, 1, ()),
+    ("before the replicates", 4, 1, ()),
+    ("in iteration 2", 6, 2, ("replicates.json",)),
+    ("in iteration 3", 10, 3, ("replicates.json",)),
+    ("in the comparison", 12, 3, ("replicates.json", "comparison.json")),
+]
+
+
+@pytest.mark.parametrize("name,kept,plans,keep", KILLS, ids=[k[0] for k in KILLS])
+def test_resumed_search_reports_what_an_undisturbed_one_does(finished, tmp_path, name, kept, plans, keep):
+    cfg, ref, want = finished
+    paths = RunPaths(tmp_path / "run")
+    shutil.copytree(ref.root, paths.root)
+    if "comparison.json" in keep:  # the comparison cut after its first proxies
+        comp = json.loads(paths.search.dir.joinpath("comparison.json").read_text())
+        first = dict(list(comp.items())[:2])
+        paths.search.dir.joinpath("comparison.json").write_text(json.dumps(first))
+    _kill(paths, kept, plans, keep)
+    search.run(cfg, paths)
+    got = outputs(paths)
+    assert sorted(got) == sorted(want)
+    for f in want:
+        assert got[f] == want[f], f"{f} differs after a kill {name}"
+
+
+def test_the_undisturbed_run_has_the_figures_a_resume_could_change(finished):
+    """What the test above compares is not empty: the out-of-fold Spearman of iteration 1 is
+    undefined (4 results), of later ones defined; the replicates and comparison ran."""
+    _, _, want = finished
+    oof = want["quality.json"]["predictor_oof_spearman"]
+    assert oof[0] is None and all(v is not None for v in oof[1:])
+    assert len(want["results.jsonl"]) == sum(ITERATIONS)
+    assert want["replicates.json"] and want["comparison.json"]
