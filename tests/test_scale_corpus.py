@@ -1,0 +1,72 @@
+"""benchmarks/scale_corpus.py: N distinct passages of real text, the same files for the same seed."""
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from benchmarks import scale_corpus
+
+
+@pytest.fixture
+def source(tmp_path):
+    rnd = random.Random(0)
+    words = [f"w{i}" for i in range(400)]
+    d = tmp_path / "source"
+    d.mkdir()
+    for s in range(2):
+        rows = []
+        for i in range(30):
+            n = rnd.choice([30, 120, 400, 900])  # words: documents of about 100 to 4,000 characters
+            rows.append({"id": f"doc-{s}-{i}", "text": " ".join(rnd.choice(words) for _ in range(n)),
+                         "source": f"src{i % 3}", "label": f"lab{i % 5}"})
+        pq.write_table(pa.Table.from_pylist(rows), d / f"part-{s:05d}.parquet")
+    return d
+
+
+def _read(folder):
+    return pa.concat_tables([pq.read_table(f) for f in sorted(folder.glob("part-*.parquet"))]).to_pylist()
+
+
+def test_cut_keeps_words_whole_and_drops_short_passages():
+    text = " ".join(f"word{i:03d}" for i in range(100))  # 799 characters
+    pieces = scale_corpus.cut(text, 200, 50)
+    assert all(len(p) >= scale_corpus.MIN_CHARS for p in pieces)
+    assert " ".join(pieces).split() == text.split()[: len(" ".join(pieces).split())]
+    assert len(pieces[0]) < len(pieces[1])  # the first cut comes `offset` early
+
+
+def test_builder_is_deterministic_distinct_and_keeps_the_columns(source, tmp_path):
+    docs = {r["id"]: r for r in _read(source)}
+    a = scale_corpus.build(source, tmp_path / "a", 150, seed=3, rows_per_shard=64)
+    scale_corpus.build(source, tmp_path / "b", 150, seed=3, rows_per_shard=64)
+    scale_corpus.build(source, tmp_path / "c", 150, seed=4, rows_per_shard=64)
+    files = sorted(p.name for p in (tmp_path / "a").glob("part-*.parquet"))
+    assert files == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"] and a["shards"] == 3
+    for f in files:
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
+    rows = _read(tmp_path / "a")
+    assert len(rows) == 150 and a["docs"] == 150
+    assert len({r["id"] for r in rows}) == 150 and len({r["text"] for r in rows}) == 150
+    assert [len(pq.read_table(tmp_path / "a" / f)) for f in files] == [64, 64, 22]
+    for r in rows:
+        src = docs[r["id"].split("~")[0]]
+        assert r["text"] in src["text"] and len(r["text"]) >= scale_corpus.MIN_CHARS
+        assert (r["source"], r["label"]) == (src["source"], src["label"])
+    assert {r["id"] for r in _read(tmp_path / "c")} != {r["id"] for r in rows}  # the seed draws
+
+
+def test_a_smaller_corpus_is_the_start_of_a_larger_one(source, tmp_path):
+    """One permutation of the pool: every size has the same mix of lengths and sources."""
+    scale_corpus.build(source, tmp_path / "small", 40, seed=1, rows_per_shard=1000)
+    scale_corpus.build(source, tmp_path / "large", 120, seed=1, rows_per_shard=40)
+    small = {r["id"] for r in _read(tmp_path / "small")}
+    first = {r["id"] for r in pq.read_table(tmp_path / "large" / "part-00000.parquet").to_pylist()}
+    assert small == first
+
+
+def test_asking_for_more_than_the_pool_is_a_clear_error(source, tmp_path):
+    with pytest.raises(SystemExit, match="distinct passages"):
+        scale_corpus.build(source, tmp_path / "x", 10**6)
