@@ -7,10 +7,11 @@ The shared corpus holds 98,347 documents (158 M characters). Each *pass* re-cuts
 every source document into consecutive passages of one length, starting at an
 offset into the first window (word boundaries kept), so the passes see the same
 text at different lengths and phases: `PASSES` below, 2,000 down to 300
-characters. Together they give a pool of about 1.4 M passages; passages under 100
-characters and exact duplicates are dropped. N passages are drawn from the whole
+characters. Together they give a pool of 1.96 M passages, 1.80 M of them distinct
+once passages under 100 characters and exact duplicates are dropped. N passages are drawn from the whole
 pool by one seeded permutation (so the 100k corpus is the first 100k of the 1M
-one, and every size has the same mixture of lengths and sources) and written as
+one, and every size has the same mixture of lengths and sources; with 50,000 rows a
+shard, the 100k corpus is the 1M one's first two shards, byte for byte) and written as
 Parquet shards of `--rows-per-shard` rows (default 50,000; zstd, row groups of
 2,048) with the columns `id`, `text`, `source`, `label` (the source document's).
 Ids name the source document, the pass and the passage:

@@ -46,7 +46,7 @@ STAGES = ("embed", "cluster", "tokenize", "search", "validate", "export", "repor
 # Stages `climb run` (and a later stage) runs only when the config enables them.
 OPTIONAL = ("validate",)
 
-EMBED_BACKENDS = ("auto", "torch", "openvino")
+EMBED_BACKENDS = ("auto", "torch", "openvino", "static")
 # The search strategy's choices (climb.optimize.strategy validates them too; the
 # config names them so that a loaded config is checked without the numeric stack).
 SEARCH_ACQUISITIONS = ("explore", "thompson", "ei", "ucb")
@@ -72,6 +72,9 @@ class EmbedConfig:
     # Stage speed; converted once from the local weights, cached under $HF_HOME/climb),
     # torch elsewhere. Not the default: over five demo search seeds its found mixtures
     # were not shown to be within 0.01 bpb of torch's (BENCHMARKS.md, Stage speed).
+    # "static": a static embedding (model2vec) distilled once from `model`, cached under
+    # $HF_HOME/climb/static; tens of times faster on a CPU, less topically precise
+    # (BENCHMARKS.md, "A static embedding"); the embeddings have 256 dimensions.
     backend: str = "torch"
 
 

