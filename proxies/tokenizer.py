@@ -22,6 +22,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -37,6 +38,61 @@ _TIKTOKEN_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*"""
     r"""|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
+
+
+# A long document is encoded in pieces of about PIECE_CHARS characters, CALL_CHARS
+# characters a call at most: a 20 MB document in one call held gigabytes of token objects.
+PIECE_CHARS = 1 << 16
+CALL_CHARS = 1 << 22
+
+
+def split_long(text: str, size: int = PIECE_CHARS) -> list[str]:
+    """`text` in pieces of at most `size` characters, each cut just before a single space
+    between two other characters (where the byte-level and tiktoken pre-tokenizers always
+    split, so the pieces' ids joined are the whole text's); with no such space in the last
+    half of a window, the cut falls at `size`."""
+    if len(text) <= size:
+        return [text]
+    out, start = [], 0
+    while len(text) - start > size:
+        end = start + size
+        i = text.rfind(" ", start + size // 2, end)
+        while i > start and (text[i - 1].isspace() or text[i + 1].isspace()):
+            i = text.rfind(" ", start + size // 2, i)
+        cut = i if i > start else end
+        out.append(text[start:cut])
+        start = cut
+    out.append(text[start:])
+    return out
+
+
+def encode_arrays(tokenizer, texts: Sequence[str], dtype) -> list[np.ndarray]:
+    """The ids of each text as an array of `dtype`, from any tokenizer with `encode_batch`: long
+    texts are encoded in pieces, at most CALL_CHARS characters a call, so memory stays bounded
+    whatever a text's length."""
+    out: list[list[np.ndarray]] = [[] for _ in texts]
+    group: list[str] = []
+    owner: list[int] = []
+    size = 0
+
+    def run() -> None:
+        for k, ids in zip(owner, tokenizer.encode_batch(group)):
+            out[k].append(np.asarray(ids, dtype=dtype))
+        group.clear()
+        owner.clear()
+
+    for k, text in enumerate(texts):
+        for piece in split_long(text):
+            if size + len(piece) > CALL_CHARS and group:
+                run()
+                size = 0
+            group.append(piece)
+            owner.append(k)
+            size += len(piece)
+    if group:
+        run()
+    return [np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.empty(0, dtype)
+            for parts in out]
 
 
 def _pad64(n: int) -> int:

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from .atomic import atomic_path
+from .tokenizer import encode_arrays
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def write_shard_tokens(
 
     for start in range(0, len(texts), _ENCODE_BATCH):
         batch = [str(t) for t in texts[start : start + _ENCODE_BATCH]]
-        encoded = tokenizer.encode_batch(batch)
+        encoded = encode_arrays(tokenizer, batch, dtype)
         for j, (text, ids, c) in enumerate(zip(batch, encoded, clusters[start : start + _ENCODE_BATCH])):
             c = int(c)
             arr = np.empty(len(ids) + 1, dtype=dtype)

@@ -5,6 +5,7 @@ Run: PYTHONPATH=. python -m pytest tests/test_proxies_data.py -q
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -261,3 +262,53 @@ def test_common_streams_walk_a_cluster_without_repeats_within_a_pass(labelled_st
         starts.append(hits[0])
     assert len(set(starts)) == len(starts)  # no window twice in one pass
     assert len({st % 16 for st in starts}) == 1  # one offset per pass: non-overlapping windows
+
+
+def test_long_texts_encode_in_pieces_to_the_same_ids(tok):
+    """Pieces cut before a single space give the whole text's ids, whatever the whitespace."""
+    from proxies.tokenizer import encode_arrays, split_long
+    rnd = np.random.default_rng(0)
+    seps = [" ", "  ", "\n", " \n ", "\t", ", ", ". "]
+    words = " ".join(CORPUS).split()
+    text = "".join(words[i] + seps[j] for i, j in zip(rnd.integers(0, len(words), 40_000),
+                                                       rnd.integers(0, len(seps), 40_000)))
+    pieces = split_long(text, 5_000)
+    assert len(pieces) > 20 and "".join(pieces) == text and max(map(len, pieces)) <= 5_000
+    import proxies.tokenizer as T
+    old = T.PIECE_CHARS
+    T.PIECE_CHARS = 5_000
+    try:
+        got = encode_arrays(tok, [text, "short", ""], np.uint32)
+    finally:
+        T.PIECE_CHARS = old
+    assert got[0].tolist() == tok.encode(text)
+    assert got[1].tolist() == tok.encode("short") and got[2].size == 0
+
+
+def test_a_20_mb_document_is_tokenized_in_bounded_memory(tmp_path):
+    """One 20 MB document in the token store: under 600 MB more than before it (it took 2.2 GB
+    when the whole document went to the tokenizer in one call)."""
+    import subprocess
+    import sys
+    script = tmp_path / "long.py"
+    script.write_text(f"""
+import random, resource, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from proxies.tokenizer import train_bpe
+from proxies.tokens import TokenStore, merge_token_stores, write_shard_tokens
+rnd = random.Random(0)
+words = ["alpha", "beta", "gamma", "the", "of", "results", "1999", "x.y", "--", "(a)"]
+tok = train_bpe([" ".join(rnd.choice(words) for _ in range(200)) for _ in range(100)], 512,
+                {str(tmp_path / "tok.json")!r})
+text = " ".join(rnd.choice(words) for _ in range(4_300_000))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+st = write_shard_tokens([text, "short"], [0, 1], tok, {str(tmp_path / "store")!r}, "s0")
+grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+merge_token_stores({str(tmp_path / "store")!r}, ["s0"], 2)
+whole = len(tok.encode(text)) + 1
+print(len(text), st["tokens_per_cluster"][0], whole, round(grew))
+""")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout.split()
+    chars, stored, whole, grew = map(int, out)
+    assert chars > 20_000_000 and stored == whole
+    assert grew < 600, f"tokenizing one 20 MB document took {grew} MB more"
