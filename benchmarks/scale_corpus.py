@@ -15,7 +15,7 @@ shard, the 100k corpus is the 1M one's first two shards, byte for byte) and writ
 Parquet shards of `--rows-per-shard` rows (default 50,000; zstd, row groups of
 2,048) with the columns `id`, `text`, `source`, `label` (the source document's).
 Ids name the source document, the pass and the passage:
-`<source id>~p<pass>.<k>`.
+`<source id>~p<pass>.<k>` (a source id seen before gets `#2`, `#3`, ... after it).
 
 Two reads of the source: the first hashes every passage (a few MB of hashes, to
 count, dedupe and draw), the second writes the drawn ones, shard by shard through
@@ -65,13 +65,16 @@ def passages(files: list[Path]) -> Iterator[tuple[str, str, str, str]]:
     """(id, text, source, label) of every passage of every pass, in a fixed order."""
     for p, (length, share) in enumerate(PASSES):
         offset = int(share * length)
+        seen: dict[str, int] = {}  # the source repeats a few ids (two speeches of one file name)
         for f in files:
             pf = pq.ParquetFile(f)
             for batch in pf.iter_batches(batch_size=2048, columns=["id", "text", "source", "label"]):
                 cols = batch.to_pydict()
                 for doc_id, text, source, label in zip(cols["id"], cols["text"], cols["source"], cols["label"]):
+                    seen[doc_id] = seen.get(doc_id, 0) + 1
+                    doc = doc_id if seen[doc_id] == 1 else f"{doc_id}#{seen[doc_id]}"
                     for k, piece in enumerate(cut(text, length, offset)):
-                        yield f"{doc_id}~p{p}.{k}", piece, source, label
+                        yield f"{doc}~p{p}.{k}", piece, source, label
 
 
 def _hash(text: str) -> int:

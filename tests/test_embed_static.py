@@ -93,3 +93,16 @@ def test_static_from_a_model_that_is_not_here_is_a_clear_error(offline):
     from climb.config import ConfigError
     with pytest.raises(ConfigError, match="neither a model folder nor in the local Hub cache"):
         embed_static.cached_static("someone/not-a-local-model", "someone/not-a-local-model", 256)
+
+
+def test_the_embed_stage_runs_on_the_static_backend(offline, tmp_path, make_docs, write_shards):
+    from climb.config import load_config
+    from climb.runtime.stage import RunPaths
+    docs = make_docs(40)
+    write_shards(tmp_path / "corpus", docs, 2)
+    cfg = load_config(None, [f'corpus.paths=["{tmp_path}/corpus/*.parquet"]', 'embed.backend="static"'])
+    paths = RunPaths(tmp_path / "run")
+    stats = embed.run(cfg, paths)
+    embs = embed.load_embeddings(paths, sorted(paths.shard_files(cfg)))
+    assert sum(len(e) for e in embs) == len(docs) and all(e.shape[1] == 256 for e in embs)
+    assert stats["backend"] == ["static-256"]

@@ -22,6 +22,7 @@ def source(tmp_path):
             n = rnd.choice([30, 120, 400, 900])  # words: documents of about 100 to 4,000 characters
             rows.append({"id": f"doc-{s}-{i}", "text": " ".join(rnd.choice(words) for _ in range(n)),
                          "source": f"src{i % 3}", "label": f"lab{i % 5}"})
+        rows.append({**rows[-1], "text": rows[0]["text"] + " again"})  # an id the source repeats
         pq.write_table(pa.Table.from_pylist(rows), d / f"part-{s:05d}.parquet")
     return d
 
@@ -39,7 +40,10 @@ def test_cut_keeps_words_whole_and_drops_short_passages():
 
 
 def test_builder_is_deterministic_distinct_and_keeps_the_columns(source, tmp_path):
-    docs = {r["id"]: r for r in _read(source)}
+    docs, seen = {}, {}
+    for r in _read(source):  # named as the builder names them: a repeated id gets #2
+        seen[r["id"]] = seen.get(r["id"], 0) + 1
+        docs[r["id"] if seen[r["id"]] == 1 else f"{r['id']}#{seen[r['id']]}"] = r
     a = scale_corpus.build(source, tmp_path / "a", 150, seed=3, rows_per_shard=64)
     scale_corpus.build(source, tmp_path / "b", 150, seed=3, rows_per_shard=64)
     scale_corpus.build(source, tmp_path / "c", 150, seed=4, rows_per_shard=64)
@@ -56,6 +60,11 @@ def test_builder_is_deterministic_distinct_and_keeps_the_columns(source, tmp_pat
         assert r["text"] in src["text"] and len(r["text"]) >= scale_corpus.MIN_CHARS
         assert (r["source"], r["label"]) == (src["source"], src["label"])
     assert {r["id"] for r in _read(tmp_path / "c")} != {r["id"] for r in rows}  # the seed draws
+
+
+def test_every_passage_of_the_pool_has_its_own_id_though_the_source_repeats_one(source):
+    ids = [i for i, _, _, _ in scale_corpus.passages(sorted(source.glob("*.parquet")))]
+    assert len(ids) == len(set(ids)) and any("#2~" in i for i in ids)
 
 
 def test_a_smaller_corpus_is_the_start_of_a_larger_one(source, tmp_path):

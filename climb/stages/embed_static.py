@@ -110,6 +110,9 @@ class StaticEncoder:
     def __init__(self, model, max_seq_length: int, backend: str):
         self.model, self.max_seq_length, self.climb_backend = model, max_seq_length, backend
 
+    def get_embedding_dimension(self) -> int:
+        return int(self.model.dim)
+
     def encode(self, texts, batch_size: int = 1024, normalize_embeddings: bool = True, **_) -> np.ndarray:
         # One process: the tokenizer is multi-threaded already, and a pool inside a stage's
         # worker process would oversubscribe the cores the executor gave it.
