@@ -33,3 +33,36 @@ def test_killed_embed_resumes_at_the_missing_shard(tmp_path, fake_model, make_do
         np.testing.assert_array_equal(a, b)
     # Unchanged config and inputs: the whole stage is skipped.
     assert embed.run(cfg, paths).get("skipped_stage") is True
+
+
+def test_killed_tokenize_resumes_at_the_shard_in_flight(tmp_path, fake_model, make_docs, write_shards):
+    """A kill during shard 1 of 3: shard 0 is kept as it is, shard 1 (cut short) and 2 are
+    tokenized, and the merged store is the undisturbed one byte for byte."""
+    from climb.stages import cluster, tokenization
+    write_shards(tmp_path / "corpus", make_docs(30), 3)
+    cfg = load_config(None, [f'corpus.paths=["{tmp_path}/corpus/*.parquet"]', "cluster.k=4", "cluster.niter=10",
+                             "proxy.vocab_size=320", "proxy.tokenizer_docs=100"])
+    paths = RunPaths(tmp_path / "run")
+    embed.run(cfg, paths)
+    cluster.run(cfg, paths)
+    tokenization.run(cfg, paths)
+    store = paths.tokenize.store
+    merged = {f.name: f.read_bytes() for f in store.iterdir() if f.is_file()}
+    parts = store / "parts"
+    kept = {f: f.stat().st_mtime_ns for f in (parts / "part-00000").iterdir()}
+
+    paths.manifest("tokenize").unlink()
+    for f in list(store.iterdir()):
+        if f.is_file():
+            f.unlink()  # the merge never ran
+    (parts / "part-00001" / "done.json").unlink()
+    for f in (parts / "part-00001").glob("cluster_*.bin"):
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # a write cut short
+    for f in (parts / "part-00002").iterdir():
+        f.unlink()
+    (parts / "part-00002").rmdir()
+
+    tokenization.run(cfg, paths)
+    assert {f: f.stat().st_mtime_ns for f in (parts / "part-00000").iterdir()} == kept
+    assert (parts / "part-00001" / "done.json").exists() and (parts / "part-00002" / "done.json").exists()
+    assert {f.name: f.read_bytes() for f in store.iterdir() if f.is_file()} == merged
