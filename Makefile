@@ -15,7 +15,7 @@ export HF_HOME ?= $(CURDIR)/.cache/huggingface
 
 # `make validate`: the larger model on the found mixture, the baselines and search mixtures
 # (the validate stage; the report gains its "Does it transfer?" section).
-.PHONY: install demo run validate embed cluster tokenize search export report test bench bench-procs bench-e2e clean
+.PHONY: install demo run validate embed cluster tokenize search export report test bench bench-procs bench-e2e bench-scale clean
 
 install: $(STAMP)
 
@@ -59,6 +59,12 @@ bench-e2e: $(STAMP)
 		--run runs/e2e-bench2 --set corpus.max_shards=2
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/end_to_end.py --fresh --name bench_8_shards --config pipelines/bench.toml \
 		--run runs/e2e-bench8 --set corpus.max_shards=8 --set 'corpus.id_column=""'
+
+# The whole pipeline at 100k, 300k and 1M documents (benchmarks/scale.py; about 25 minutes on
+# 2 cores): builds runs/scale-corpus from ../shared/data first, then results/scale.json.
+bench-scale: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/embed_static.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/scale.py
 
 clean:
 	rm -rf runs .cache

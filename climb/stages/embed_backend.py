@@ -33,6 +33,7 @@ import os
 import shutil
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -166,31 +167,44 @@ def convert(hf_model, example: dict):
         hf_logging.set_verbosity(verbosity)
 
 
+def cache_slug(name: str) -> str:
+    """A model's name as a cache folder name (its last path part, safe characters only)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(name.rstrip("/")).name)[-60:] or "model"
+
+
+def build_once(final: Path, done: str, write: Callable[[Path], None], what: str) -> Path:
+    """The cache folder `final`, built once: `write(folder)` fills a temporary folder under a
+    file lock, which is then renamed into place; `final/done` marks a finished build, and a
+    build another process finished while this one waited is reused."""
+    from filelock import FileLock
+    if (final / done).exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(final) + ".lock"):
+        if (final / done).exists():
+            return final
+        log.info("embed: %s (once; cached in %s)", what, final)
+        tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        write(tmp)
+        shutil.rmtree(final, ignore_errors=True)  # a folder left without its `done` file
+        os.replace(tmp, final)
+    return final
+
+
 def cached_model(hf_model, example: dict, name: str):
     """The converted model from the cache, converting (once, under a lock) on a miss.
     Returns an `openvino.Model`, or the path of its cached IR."""
-    from filelock import FileLock
     ov = _openvino()
-    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(name.rstrip("/")).name)[-60:] or "model"
-    final = cache_root() / "openvino" / f"{slug}-{_model_key(hf_model, list(example))}"
-    xml = final / "model.xml"
-    if xml.exists():
-        return xml
+    final = cache_root() / "openvino" / f"{cache_slug(name)}-{_model_key(hf_model, list(example))}"
+
+    def write(folder: Path) -> None:
+        ov.save_model(convert(hf_model, example), str(folder / "model.xml"), compress_to_fp16=False)
+        (folder / "source.json").write_text(json.dumps({"model": name, "inputs": list(example),
+                                                        "openvino": ov.__version__}) + "\n")
     try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(final) + ".lock"):
-            if xml.exists():  # another process converted it while this one waited
-                return xml
-            log.info("embed: converting %s to OpenVINO (once; cached in %s)", name, final)
-            model = convert(hf_model, example)
-            tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            ov.save_model(model, str(tmp / "model.xml"), compress_to_fp16=False)
-            (tmp / "source.json").write_text(json.dumps({"model": name, "inputs": list(example),
-                                                         "openvino": ov.__version__}) + "\n")
-            shutil.rmtree(final, ignore_errors=True)  # a folder left without its model.xml
-            os.replace(tmp, final)
-            return xml
+        return build_once(final, "model.xml", write, f"converting {name} to OpenVINO") / "model.xml"
     except OSError as e:  # a read-only cache: convert in memory, every time
         log.warning("embed: cannot cache the OpenVINO model under %s (%s); converting it in memory", final, e)
         return convert(hf_model, example)

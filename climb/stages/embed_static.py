@@ -24,14 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
 from climb.config import ConfigError
-from climb.stages.embed_backend import cache_root
+from climb.stages.embed_backend import build_once, cache_root, cache_slug
 
 log = logging.getLogger(__name__)
 # Files of a model folder that decide what the distilled model is.
@@ -72,7 +70,6 @@ def distill(model_dir: Path, dims: int):
 
 def cached_static(name: str, model_dir: str | Path, dims: int) -> Path:
     """The folder of the distilled model, distilling it (once, under a lock) on a miss."""
-    from filelock import FileLock
     model_dir = Path(model_dir)
     if not model_dir.is_dir():  # a Hub name: its copy in the local Hub cache, never a download
         try:
@@ -83,24 +80,12 @@ def cached_static(name: str, model_dir: str | Path, dims: int) -> Path:
     if not (model_dir / "config.json").is_file():
         raise ConfigError(f"embed.backend=\"static\" distils from a local model: {name!r} is neither a model "
                          "folder nor in the local Hub cache; name a sentence-transformers folder or the default")
-    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(name.rstrip("/")).name)[-60:] or "model"
-    final = cache_root() / "static" / f"{slug}-{dims}-{_key(model_dir, dims)}"
-    done = final / "model.safetensors"
-    if done.exists():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(final) + ".lock"):
-        if done.exists():  # another process distilled it while this one waited
-            return final
-        log.info("embed: distilling a static embedding from %s (once; cached in %s)", name, final)
-        model = distill(model_dir, dims)
-        tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(str(tmp))
-        (tmp / "source.json").write_text(json.dumps({"model": name, "dims": dims}) + "\n")
-        shutil.rmtree(final, ignore_errors=True)  # a folder left without its weights
-        os.replace(tmp, final)
-    return final
+    final = cache_root() / "static" / f"{cache_slug(name)}-{dims}-{_key(model_dir, dims)}"
+
+    def write(folder: Path) -> None:
+        distill(model_dir, dims).save_pretrained(str(folder))
+        (folder / "source.json").write_text(json.dumps({"model": name, "dims": dims}) + "\n")
+    return build_once(final, "model.safetensors", write, f"distilling a static embedding from {name}")
 
 
 class StaticEncoder:
