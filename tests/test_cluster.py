@@ -363,3 +363,34 @@ def test_prune_by_fasttext_model(tmp_path, corpus, fake_model):
     food = np.array([d["label"] == "food" for d in docs])
     assert (a["cluster"][food] == -1).all() and (a["cluster"][~food] >= 0).all()
     assert stats["pruned_quality"] == int(food.sum())
+
+
+def test_assign_is_exact_at_near_ties_and_the_same_whatever_the_threads():
+    """The nearest centroid by float64 distance, also for points all but equidistant from two
+    centroids, and the same labels and distances with 1 or 2 FAISS threads."""
+    import faiss
+
+    from climb.stages.kmeans import assign
+    rng = np.random.default_rng(0)
+    d, k = 64, 32
+    cents = rng.standard_normal((k, d)).astype(np.float32)
+    x = rng.standard_normal((5000, d)).astype(np.float32)
+    # Midpoints of centroid pairs, nudged by far less than float32 resolves in a distance.
+    a, b = rng.integers(0, k, 500), rng.integers(0, k, 500)
+    mid = (cents[a] + cents[b]) / 2 + 1e-7 * rng.standard_normal((500, d)).astype(np.float32)
+    x = np.vstack([x, mid]).astype(np.float32)
+    full = ((x.astype(np.float64)[:, None, :] - cents.astype(np.float64)[None]) ** 2).sum(-1)
+    want = np.argmin(full, axis=1)
+    runs = []
+    threads = faiss.omp_get_max_threads()
+    try:
+        for t in (1, 2):
+            faiss.omp_set_num_threads(t)
+            runs.append(assign(x, cents, batch=1024))
+    finally:
+        faiss.omp_set_num_threads(threads)
+    (l1, d1), (l2, d2) = runs
+    np.testing.assert_array_equal(l1, want)
+    np.testing.assert_array_equal(l1, l2)
+    np.testing.assert_array_equal(d1, d2)
+    np.testing.assert_allclose(d1, full[np.arange(len(x)), want], rtol=1e-6)

@@ -68,13 +68,40 @@ def _torch_kmeans(x: np.ndarray, k: int, niter: int, seed: int, device: str) -> 
 
 
 def assign(x: np.ndarray, centroids: np.ndarray, batch: int = 65536) -> tuple[np.ndarray, np.ndarray]:
-    """Nearest centroid and its squared L2 distance for every row of x."""
+    """Nearest centroid and its squared L2 distance for every row of x.
+
+    FAISS finds the two nearest centroids in float32; the choice between them and the
+    distance are then computed exactly (float64, ties to the lower index). FAISS's float32
+    distances depend on how many BLAS threads ran, and near-ties (about 3e-7 apart: 3 of a
+    million documents) were broken differently in-process and on one-thread Dask workers.
+    """
     import faiss
-    index = faiss.IndexFlatL2(centroids.shape[1])
-    index.add(np.ascontiguousarray(centroids, dtype=np.float32))
+    cents = np.ascontiguousarray(centroids, dtype=np.float32)
+    index = faiss.IndexFlatL2(cents.shape[1])
+    index.add(cents)
+    c64 = cents.astype(np.float64)
+    top = min(2, len(cents))
     labels = np.empty(len(x), np.int64)
     dist = np.empty(len(x), np.float32)
     for s in range(0, len(x), batch):
-        d, i = index.search(np.ascontiguousarray(x[s:s + batch], dtype=np.float32), 1)
-        labels[s:s + batch], dist[s:s + batch] = i[:, 0], d[:, 0]
+        xb = np.ascontiguousarray(x[s:s + batch], dtype=np.float32)
+        _, cand = index.search(xb, top)
+        labels[s:s + len(xb)], dist[s:s + len(xb)] = _exact_nearest(xb, c64, cand)
+    return labels, dist
+
+
+def _exact_nearest(x: np.ndarray, c64: np.ndarray, cand: np.ndarray, rows: int = 8192):
+    """Of each row's candidate centroids, the nearest by float64 distance (first on a tie)."""
+    labels = np.empty(len(x), np.int64)
+    dist = np.empty(len(x), np.float32)
+    for s in range(0, len(x), rows):
+        xs, cs = x[s:s + rows].astype(np.float64), cand[s:s + rows]
+        d = np.stack([np.einsum("ij,ij->i", xs - c64[cs[:, j]], xs - c64[cs[:, j]]) for j in range(cs.shape[1])], 1)
+        d = np.where(cs >= 0, d, np.inf)  # FAISS pads with -1 when there are fewer centroids
+        # Order the candidates by index first, so an exact tie goes to the lower index.
+        order = np.argsort(cs, axis=1, kind="stable")
+        cs, d = np.take_along_axis(cs, order, 1), np.take_along_axis(d, order, 1)
+        best = np.argmin(d, axis=1)
+        labels[s:s + rows] = cs[np.arange(len(cs)), best]
+        dist[s:s + rows] = d[np.arange(len(cs)), best]
     return labels, dist
