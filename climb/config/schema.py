@@ -17,7 +17,6 @@ import hashlib
 import json
 import tomllib
 from dataclasses import dataclass, field, fields, is_dataclass
-from pathlib import Path
 from typing import Any, get_type_hints
 
 from proxies.config import GPTConfig, TrainConfig  # torch-free

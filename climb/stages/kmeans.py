@@ -96,7 +96,7 @@ def _exact_nearest(x: np.ndarray, c64: np.ndarray, cand: np.ndarray, rows: int =
     dist = np.empty(len(x), np.float32)
     for s in range(0, len(x), rows):
         xs, cs = x[s:s + rows].astype(np.float64), cand[s:s + rows]
-        d = np.stack([np.einsum("ij,ij->i", xs - c64[cs[:, j]], xs - c64[cs[:, j]]) for j in range(cs.shape[1])], 1)
+        d = np.stack([_sq_norms(xs - c64[cs[:, j]]) for j in range(cs.shape[1])], 1)
         d = np.where(cs >= 0, d, np.inf)  # FAISS pads with -1 when there are fewer centroids
         # Order the candidates by index first, so an exact tie goes to the lower index.
         order = np.argsort(cs, axis=1, kind="stable")
@@ -105,3 +105,7 @@ def _exact_nearest(x: np.ndarray, c64: np.ndarray, cand: np.ndarray, rows: int =
         labels[s:s + rows] = cs[np.arange(len(cs)), best]
         dist[s:s + rows] = d[np.arange(len(cs)), best]
     return labels, dist
+
+
+def _sq_norms(diff: np.ndarray) -> np.ndarray:
+    return np.einsum("ij,ij->i", diff, diff)
