@@ -284,9 +284,14 @@ class ValidateConfig:
 
 @dataclass(frozen=True)
 class ExportConfig:
-    # Tokens (of the proxy tokenizer) to export; 0 = as many as the corpus gives
-    # without exceeding any cluster's epoch cap.
+    # How much to export, in export.tokenizer's unit; 0 = as many as the corpus
+    # gives without exceeding any cluster's epoch cap.
     token_budget: int = 0
+    # The unit of token_budget: "" = the proxies' tokenizer; "bytes" = UTF-8 bytes;
+    # or your trainer's tokenizer: a tokenizer.json, a folder holding one, or an
+    # installed or locally cached model name (each document counts its tokens + 1
+    # end-of-document token). Nothing is downloaded.
+    tokenizer: str = ""
     rows_per_shard: int = 50_000
     seed: int = 0
     # A document longer than what its cluster still needs: "truncate" cuts it to

@@ -1,8 +1,9 @@
 """Stage 6, export: the optimised dataset as Parquet shards plus blend files.
 
 Documents are chosen per cluster in proportion to the final weights up to a
-token budget (proxy-tokenizer tokens, EOS included: every document counts its
-true length): each cluster's documents are taken in a seeded random order
+token budget, counted in the unit `export.tokenizer` names (climb.stages.export_units:
+by default the proxies' tokens, EOS included; or a trainer's tokenizer.json or
+installed model, or UTF-8 bytes; every document counts its true length): each cluster's documents are taken in a seeded random order
 without replacement until the cluster runs dry, then again in the same order
 (epoch 2, 3, ...) up to `search.epoch_cap` epochs. No cluster exceeds its
 share, however long its documents: the document that would cross it is cut to
@@ -18,6 +19,11 @@ Output, under `<run>/export/`:
 - `mixture.json`: weights per cluster, realised tokens, files
 - `megatron_blend.txt`: `w1 prefix1 w2 prefix2 ...` for `--data-path`
 - `interleave.json`: file lists and probabilities for `datasets.interleave_datasets`
+- `counts/<shard>.npy`: each document's size in `export.tokenizer`'s unit, where
+  that is not the proxies' tokenizer (counted once, one task per shard)
+
+A corpus shard whose files are written is not written again (`plan/<shard>.done.json`),
+so a killed export resumes shard by shard.
 
 With `export.destination` (a folder, or a URL such as s3://bucket/prefix) the
 data and the three blend files go there instead, the blend files naming the
@@ -48,6 +54,7 @@ from climb.io.files import (InputError, file_stamp, is_url, local_path, read_ali
                             write_json, write_parquet, write_text)
 from climb.io.mixture import check_weights
 from climb.runtime.stage import RunPaths, execute, upstream_key
+from climb.stages import export_units
 from climb.stages.cluster import load_assignments
 
 log = logging.getLogger(__name__)
@@ -134,11 +141,14 @@ def select(doc_cluster: np.ndarray, doc_tokens: np.ndarray, weights: np.ndarray,
     return copies, {"clusters": per, "cut": cut}
 
 
-def _shard_docs(paths: RunPaths, store, shard: str) -> tuple[np.ndarray, np.ndarray]:
-    """Cluster and token count of each kept document of a shard, in corpus order."""
+def _shard_docs(paths: RunPaths, store, shard: str, units: str) -> tuple[np.ndarray, np.ndarray]:
+    """Cluster and size (in export.tokenizer's unit) of each kept document of a shard, in corpus order."""
     clusters = load_assignments(paths, shard)["cluster"].to_numpy()
     kept = clusters >= 0
     tokens = np.zeros(len(clusters), dtype=np.int64)
+    if units != export_units.PROXY:
+        tokens[kept] = np.load(counts_file(paths, shard))[kept]
+        return clusters, tokens
     try:
         tokens[kept] = store.doc_tokens(shard)
     except (OSError, ValueError) as e:
@@ -157,13 +167,70 @@ class ExportTask:
     clusters: str
     cut: str
     tokenizer: str
+    units: str
     dest: str
     rows_per_shard: int
     seed: int
+    done: str
+
+
+@dataclass(frozen=True)
+class CountTask:
+    """One corpus shard whose documents to size in export.tokenizer's unit."""
+    shard: str
+    path: str
+    corpus: CorpusConfig
+    assignments: str
+    units: str
+    out: str
+
+
+def counts_file(paths: RunPaths, shard: str) -> Path:
+    return paths.export.dir / "counts" / f"{shard}.npy"
+
+
+def count_shard(task: CountTask) -> int:
+    """Each document's size in the unit (0 for pruned ones), saved for the shard; kept if already there."""
+    out = Path(task.out)
+    if out.exists():
+        return 0
+    from climb.io.files import atomic_path
+    from climb.stages.cluster import read_assignments
+    clusters = read_assignments(Path(task.assignments))["cluster"].to_numpy()
+    units = export_units.load(task.units)
+    sizes = np.zeros(len(clusters), dtype=np.int64)
+    for start, b in read_aligned(task.path, task.corpus, len(clusters)):
+        rows = np.arange(start, start + len(b.texts))
+        keep = clusters[rows] >= 0
+        if keep.any():
+            sizes[rows[keep]] = units.count([t for t, k in zip(b.texts, keep) if k])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out) as tmp:
+        with open(tmp, "wb") as fh:
+            np.save(fh, sizes)
+    return len(clusters)
+
+
+def _already_written(task: ExportTask) -> dict | None:
+    """The result of a shard an interrupted export finished, if its files are all still there."""
+    done = Path(task.done)
+    if not done.exists():
+        return None
+    try:
+        got = read_json(done)
+    except ValueError:
+        return None
+    files = [f for fs in got["files"].values() for f in fs]
+    if not is_url(task.dest) and not all((Path(task.dest) / f).is_file() for f in files):
+        return None
+    return got
 
 
 def write_shard(task: ExportTask) -> dict:
-    """Write the chosen documents of one corpus shard, grouped by cluster."""
+    """Write the chosen documents of one corpus shard, grouped by cluster (once: see `_already_written`)."""
+    got = _already_written(task)
+    if got is not None:
+        return got
     copies = np.load(task.copies)
     clusters = np.load(task.clusters)
     cut = np.load(task.cut)
@@ -175,10 +242,14 @@ def write_shard(task: ExportTask) -> dict:
                 r = rows.setdefault(int(clusters[row]), {"id": [], "text": [], "epoch": []})
                 r["id"].append(doc_id)
                 if cut[row] and e == copies[row] - 1:
-                    if tok is None:
-                        from proxies.tokenizer import load_tokenizer
-                        tok = load_tokenizer(task.tokenizer)
-                    r["text"].append(truncate(text, int(cut[row]), tok))
+                    if task.units != export_units.PROXY:
+                        tok = tok or export_units.load(task.units)
+                        r["text"].append(tok.truncate(text, int(cut[row])))
+                    else:
+                        if tok is None:
+                            from proxies.tokenizer import load_tokenizer
+                            tok = load_tokenizer(task.tokenizer)
+                        r["text"].append(truncate(text, int(cut[row]), tok))
                 else:
                     r["text"].append(text)
                 r["epoch"].append(e)
@@ -197,7 +268,9 @@ def write_shard(task: ExportTask) -> dict:
             dest = task.dest
             write_parquet(join(dest, rel), table, staging=dest if is_url(dest) else None)
             files.setdefault(c, []).append(rel)
-    return {"shard": task.shard, "files": files, "rows": int(copies.sum())}
+    got = {"shard": task.shard, "files": files, "rows": int(copies.sum())}
+    write_json(task.done, got)
+    return got
 
 
 def truncate(text: str, keep: int, tok) -> str:
@@ -226,7 +299,9 @@ def destination(cfg: RunConfig, paths: RunPaths) -> str | None:
 
 
 def check_destination(cfg: RunConfig, paths: RunPaths) -> None:
-    """Fail before any stage runs where the destination cannot work (no package, no bucket, no access)."""
+    """Fail before any stage runs where the destination cannot work (no package, no bucket, no access)
+    or export.tokenizer cannot be loaded."""
+    export_units.check(cfg.export.tokenizer)
     dest = destination(cfg, paths)
     if dest and is_url(dest):
         from climb.io.remote import check_destination as check
@@ -235,7 +310,7 @@ def check_destination(cfg: RunConfig, paths: RunPaths) -> None:
 
 def key(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> str:
     return digest(upstream_key(paths, "tokenize"), upstream_key(paths, "search"), cfg.export, cfg.search.epoch_cap,
-                  weights)
+                  weights, export_units.key(cfg.export.tokenizer))
 
 
 def _listing(dest: str) -> dict[str, list]:
@@ -307,6 +382,8 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
             more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
             log.warning("export: %s is missing or changed since it was written%s; exporting again", bad[0], more)
             manifest.unlink()
+            for done in paths.export.dir.glob("plan/*.done.json"):  # every shard is written again
+                done.unlink()
     previous = _previous_outputs(paths, dest)  # read before the stage's folder is cleared
     return execute(paths, "export", k, lambda folder, ex: _export(cfg, paths, weights, dest, previous, ex),
                    executor=cfg.executor)
@@ -317,6 +394,8 @@ def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: 
     mix_file = paths.search.mixture
     w = check_weights(weights if weights is not None else read_json(mix_file)["weights"], paths.n_clusters(),
                       "weights given" if weights is not None else str(mix_file))
+    if cfg.export.tokenizer != export_units.PROXY:
+        _count(cfg, paths, ex)
     plan = _plan(cfg, paths, w)
     parts = ex.map(write_shard, _shard_tasks(cfg, paths, plan, dest), desc="export")
     by_cluster: dict[int, list[str]] = {}
@@ -339,12 +418,22 @@ def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: 
     return _stats(cfg, w, real_w, plan, by_cluster, dest)
 
 
+def _count(cfg: RunConfig, paths: RunPaths, ex) -> None:
+    """Size every kept document in export.tokenizer's unit, one task per shard not yet counted."""
+    files = paths.shard_files(cfg)
+    tasks = [CountTask(shard=s, path=str(files[s]), corpus=cfg.corpus, assignments=str(paths.cluster.assignments(s)),
+                       units=cfg.export.tokenizer, out=str(counts_file(paths, s)))
+             for s in paths.shards() if not counts_file(paths, s).exists()]
+    if tasks:
+        ex.map(count_shard, tasks, desc="export: count")
+
+
 def _plan(cfg: RunConfig, paths: RunPaths, w: np.ndarray) -> dict:
     """How many copies of each document (in shard order) to export, which are cut, and per-cluster stats."""
     from proxies.tokens import TokenStore
     store = TokenStore(paths.tokenize.store)
     names = paths.shards()
-    per_shard = [_shard_docs(paths, store, s) for s in names]
+    per_shard = [_shard_docs(paths, store, s, cfg.export.tokenizer) for s in names]
     doc_cluster = np.concatenate([p[0] for p in per_shard])
     doc_tokens = np.concatenate([p[1] for p in per_shard])
     cluster_tokens = np.bincount(doc_cluster[doc_cluster >= 0], weights=doc_tokens[doc_cluster >= 0],
@@ -356,7 +445,7 @@ def _plan(cfg: RunConfig, paths: RunPaths, w: np.ndarray) -> dict:
     for d, keep in selection.pop("cut").items():
         cut[d] = keep
     return {"shards": names, "shard_clusters": [p[0] for p in per_shard], "copies": copies, "cut": cut,
-            "budget": budget, "selection": selection}
+            "budget": budget, "selection": selection, "unit": cfg.export.tokenizer}
 
 
 def _shard_tasks(cfg: RunConfig, paths: RunPaths, plan: dict, dest: str | None) -> list[ExportTask]:
@@ -371,8 +460,9 @@ def _shard_tasks(cfg: RunConfig, paths: RunPaths, plan: dict, dest: str | None) 
         np.save(cut_file, plan["cut"][start:start + len(cl)])
         tasks.append(ExportTask(shard=s, path=str(files[s]), corpus=cfg.corpus, copies=str(copies_file),
                                 clusters=str(clusters_file), cut=str(cut_file), tokenizer=str(paths.tokenize.tokenizer),
-                                dest=dest or str(out.dir), rows_per_shard=cfg.export.rows_per_shard,
-                                seed=cfg.export.seed + i))
+                                units=cfg.export.tokenizer, dest=dest or str(out.dir),
+                                rows_per_shard=cfg.export.rows_per_shard, seed=cfg.export.seed + i,
+                                done=str(copies_file.with_name(f"{s}.done.json"))))
         start += len(cl)
     return tasks
 
@@ -380,6 +470,7 @@ def _shard_tasks(cfg: RunConfig, paths: RunPaths, plan: dict, dest: str | None) 
 def _blend_files(w: np.ndarray, real_w: np.ndarray, plan: dict, by_cluster: dict[int, list[str]]) -> dict[str, str]:
     """mixture.json, megatron_blend.txt and interleave.json, as text."""
     mixture = {"weights": w.tolist(), "realised_weights": real_w.tolist(), "token_budget": plan["budget"],
+               **({"unit": plan["unit"]} if plan.get("unit") else {}),
                "tokens": int(sum(c["tokens"] for c in plan["selection"]["clusters"])), **plan["selection"],
                "files": {str(c): fs for c, fs in sorted(by_cluster.items())}}
     blend = " ".join(f"{real_w[c]:.6f} {fs[0].rsplit('/', 1)[0]}" for c, fs in sorted(by_cluster.items()))
@@ -404,6 +495,8 @@ def _stats(cfg: RunConfig, w: np.ndarray, real_w: np.ndarray, plan: dict, by_clu
              "capped_clusters": capped, "max_abs_weight_error": float(np.abs(real_w - w).max()),
              "weights_off": off, "truncated_docs": int((cut > 0).sum()), "shortfall": short,
              "files": sum(len(v) for v in by_cluster.values())}
+    if cfg.export.tokenizer:
+        stats["unit"] = cfg.export.tokenizer
     if capped:
         log.warning("export: clusters %s hit the epoch cap (%.1f); their realised weight is below the target",
                     capped, cfg.search.epoch_cap)
