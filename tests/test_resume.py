@@ -1,6 +1,8 @@
 """A killed embed resumes at shard granularity; files are written whole or not at all."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from climb.stages import embed
@@ -66,3 +68,16 @@ def test_killed_tokenize_resumes_at_the_shard_in_flight(tmp_path, fake_model, ma
     assert {f: f.stat().st_mtime_ns for f in (parts / "part-00000").iterdir()} == kept
     assert (parts / "part-00001" / "done.json").exists() and (parts / "part-00002" / "done.json").exists()
     assert {f.name: f.read_bytes() for f in store.iterdir() if f.is_file()} == merged
+
+
+def test_a_stage_folder_from_before_the_state_file_was_renamed_resumes(tmp_path):
+    """Run folders written when the state file was `state.json` keep their partial outputs."""
+    from climb.runtime.stage import RunPaths, begin
+    paths = RunPaths(tmp_path / "run")
+    d = paths.stage("tokenize")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "state.json").write_text(json.dumps({"hash": "k1"}))
+    (d / "part.bin").write_bytes(b"done before the kill")
+    begin(paths, "tokenize", "k1")
+    assert (d / "part.bin").read_bytes() == b"done before the kill"
+    assert not (d / "state.json").exists() and json.loads((d / "stage_state.json").read_text())["hash"] == "k1"

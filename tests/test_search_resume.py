@@ -37,7 +37,7 @@ def outputs(paths: RunPaths) -> dict[str, object]:
     """Every file of the search folder but its bookkeeping, parsed, without timings."""
     out = {}
     for f in sorted(paths.search.dir.iterdir()):
-        if f.name in ("manifest.json", "state.json") or not f.is_file():
+        if f.name in ("manifest.json", "stage_state.json") or not f.is_file():
             continue
         text = f.read_text()
         if f.suffix == ".jsonl":
@@ -84,7 +84,7 @@ def _kill(paths: RunPaths, kept: int, plans: int, keep: tuple[str, ...] = ()) ->
         if f.name.startswith("plan_"):
             if int(f.stem.split("_")[1]) >= plans:
                 f.unlink()
-        elif f.name not in ("results.jsonl", "state.json") + keep:
+        elif f.name not in ("results.jsonl", "stage_state.json") + keep:
             f.unlink()
     paths.search.results.write_text("".join(x + "\n" for x in lines[:kept]))
 

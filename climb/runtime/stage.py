@@ -34,8 +34,23 @@ from climb.config import RunConfig, digest, to_toml
 from climb.io.files import InputError, atomic_path, read_json, resolve_corpus_files, shard_name, write_json
 
 log = logging.getLogger(__name__)
-# Bookkeeping files of a stage folder, not outputs.
-OWN_FILES = ("manifest.json", "state.json")
+# Bookkeeping files of a stage folder, not outputs. The state is not `state.json`:
+# `datasets.load_dataset` refuses a folder holding one (its own save_to_disk marker),
+# and the export folder is meant to load as a dataset.
+STATE = "stage_state.json"
+OWN_FILES = ("manifest.json", STATE)
+
+
+def state_file(folder: Path) -> Path:
+    """A stage folder's state file (an older run's `state.json` is renamed to it)."""
+    new, old = folder / STATE, folder / "state.json"
+    if not new.exists() and old.exists():
+        try:
+            if "hash" in read_json(old):
+                old.rename(new)
+        except ValueError:
+            pass
+    return new
 
 
 @dataclass(frozen=True)
@@ -192,6 +207,10 @@ class ReportOutputs:
     @property
     def page(self) -> Path:
         return self.dir / "report.md"
+
+    @property
+    def html(self) -> Path:  # report.md as one self-contained page, figures inlined
+        return self.dir / "index.html"
 
     @property
     def summary(self) -> Path:
@@ -352,7 +371,7 @@ def is_done(paths: RunPaths, stage: str, key: str, keep: tuple[str, ...] = (),
     folder = paths.root / stage
     import shutil
     old = read_json(m)
-    write_json(folder / "state.json", {"hash": key, "repairing": {k: old.get(k) for k in ("digest", "content")}})
+    write_json(state_file(folder), {"hash": key, "repairing": {k: old.get(k) for k in ("digest", "content")}})
     for rel in bad:
         if rel in keep:
             continue
@@ -370,7 +389,7 @@ def begin(paths: RunPaths, stage: str, key: str, keep_on_change: bool = False) -
     moved aside to `<stage>.prev-<time>`."""
     import shutil
     d = paths.stage(stage)
-    state = d / "state.json"
+    state = state_file(d)
     if state.exists() and read_json(state).get("hash") != key:
         if keep_on_change:
             old = d.with_name(f"{stage}.prev-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -410,14 +429,14 @@ def finish(paths: RunPaths, stage: str, key: str, stats: dict, started: float,
     stats = dict(stats, seconds=round(time.time() - started, 3))
     folder = paths.root / stage
     files_digest = _files_digest(folder, digest_files)
-    state = read_json(folder / "state.json") if (folder / "state.json").exists() else {}
+    state = read_json(state_file(folder)) if state_file(folder).exists() else {}
     content = None
     if "repairing" in state:
         before = state["repairing"]
         content = before.get("content") if files_digest == before.get("digest") else files_digest
         if content != before.get("content"):
             log.warning("%s: the re-created outputs differ from the previous ones; later stages run again", stage)
-        write_json(folder / "state.json", {"hash": key})
+        write_json(state_file(folder), {"hash": key})
     manifest = {"stage": stage, "hash": key, "stats": stats, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "digest": files_digest, "outputs": output_fingerprints(folder)}
     if content:

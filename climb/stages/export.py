@@ -19,6 +19,8 @@ Output, under `<run>/export/`:
 - `mixture.json`: weights per cluster, realised tokens, files
 - `megatron_blend.txt`: `w1 prefix1 w2 prefix2 ...` for `--data-path`
 - `interleave.json`: file lists and probabilities for `datasets.interleave_datasets`
+- `README.md`: the dataset card (climb.stages.export_card), so that
+  `datasets.load_dataset(<folder>)` reads the data as it is, here or on the Hub
 - `counts/<shard>.npy`: each document's size in `export.tokenizer`'s unit, where
   that is not the proxies' tokenizer (counted once, one task per shard)
 
@@ -411,11 +413,14 @@ def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: 
     if dest:  # the blend files name the shards where they are
         by_cluster = {c: [join(dest, f) for f in fs] for c, fs in by_cluster.items()}
     blends = _blend_files(w, real_w, plan, by_cluster)
+    stats = _stats(cfg, w, real_w, plan, by_cluster, dest)
+    from climb.stages.export_card import card
+    blends["README.md"] = card(cfg, paths, w, real_w, plan, by_cluster, stats, weights is not None)
     for name, text in blends.items():
         write_text(str(paths.export.dir / name), text)
     if dest:
         _publish(paths, dest, previous, blends, rels)
-    return _stats(cfg, w, real_w, plan, by_cluster, dest)
+    return stats
 
 
 def _count(cfg: RunConfig, paths: RunPaths, ex) -> None:

@@ -1,0 +1,111 @@
+"""The exported dataset's card: `export/README.md`, in the Hugging Face Hub's dataset-card format.
+
+Its YAML header declares the data files (a `default` config with every row, and
+one config per cluster), so `datasets.load_dataset(<export folder>)` reads it as
+it is, here or once pushed to the Hub; the body says which mixture it is (the
+table of clusters with their top terms, sizes, weights and epochs), how it was
+found (config digest, proxies trained, the comparison's verdicts with their
+intervals, the validation when it has run) and how a trainer reads it (the blend
+files). With `export.destination` the card goes with the data.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from climb.config import RunConfig, digest
+from climb.io.files import read_json
+from climb.runtime.stage import RunPaths
+
+_SIZES = [(1e3, "n<1K"), (1e4, "1K<n<10K"), (1e5, "10K<n<100K"), (1e6, "100K<n<1M"), (1e7, "1M<n<10M"),
+          (1e8, "10M<n<100M"), (1e9, "100M<n<1B"), (1e10, "1B<n<10B"), (1e11, "10B<n<100B"),
+          (1e12, "100B<n<1T")]
+
+
+def size_category(rows: int) -> str:
+    """The Hub's size category for a number of rows."""
+    return next((name for top, name in _SIZES if rows < top), "n>1T")
+
+
+def _yaml(name: str, rows: int, clusters: list[int]) -> str:
+    configs = [("default", "data/*/*.parquet")] + [(f"cluster_{c:05d}", f"data/cluster_{c:05d}/*.parquet")
+                                                    for c in clusters]
+    lines = ["---", f"pretty_name: {json.dumps(f'climb mixture: {name}')}", "tags:", "- climb", "- data-mixture",
+             "- pretraining", "task_categories:", "- text-generation", "size_categories:",
+             f"- {size_category(rows)}", "configs:"]
+    for cname, path in configs:
+        lines += [f"- config_name: {cname}", "  data_files:", "  - split: train", f"    path: {path}"]
+    return "\n".join(lines + ["---"])
+
+
+def _cell(text: str) -> str:
+    """Corpus words in a Markdown table cell: no pipes, no HTML."""
+    return text.replace("|", "/").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _target(cfg: RunConfig) -> str:
+    parts = [f"`{t}`" for t in cfg.target.texts] + [f"`{k}`" for k in cfg.target.tasks]
+    return ", ".join(parts) or "(no target data)"
+
+
+def card(cfg: RunConfig, paths: RunPaths, w: np.ndarray, real_w: np.ndarray, plan: dict,
+         by_cluster: dict[int, list[str]], stats: dict, given_weights: bool) -> str:
+    """The card's Markdown, YAML header included."""
+    from climb.stages.report import _validation, summary_table, transfer_section
+    from climb.stages.search import read_results
+    from climb.stages.summary import search_summary
+    clusters = read_json(paths.cluster.summary)["clusters"]
+    per = {c["cluster"]: c for c in plan["selection"]["clusters"]}
+    unit = {"": "tokens (proxy tokenizer)", "bytes": "bytes"}.get(cfg.export.tokenizer,
+                                                                 f"tokens ({cfg.export.tokenizer})")
+    rows = "\n".join(
+        f"| {c['cluster']} | {_cell(', '.join(c['top_terms'][:6]))} | {c['docs']:,} | {w[i]:.4f} | {real_w[i]:.4f} | "
+        f"{per[i]['tokens']:,} | {per[i]['epochs']:.2f} |" for i, c in enumerate(clusters))
+    summary = search_summary(cfg, paths, len(read_results(paths)), len(clusters))
+    validation, _ = _validation(cfg, paths)
+    how = [f"- config `{cfg.name}`, digest `{digest(cfg)}`; target **{summary['target']['name']}** "
+           f"({summary['target']['goal']}) on {_target(cfg)}",
+           f"- {summary['proxies_trained']} proxy models trained (search iterations "
+           f"{' -> '.join(map(str, cfg.search.iterations))}, then the comparison)"]
+    if given_weights:
+        how.append("- **the weights were given to the export, not taken from the search**: the comparison "
+                   "below is the search's, not this mixture's")
+    found = ("\n\nThe search's found mixture against the baselines, each the mean of "
+             f"{cfg.search.eval_seeds} fresh proxies on seeds the search never used, paired by seed with a "
+             "95% interval (a difference whose interval spans zero is not resolved):\n\n" + summary_table(summary))
+    transfer = ("\n\n### Does it transfer to a larger model?\n\n" + transfer_section(validation)) if validation else \
+        "\n\nThe mixture was not validated on a larger model (`validate.enabled = false`)."
+    blends = ", ".join(f"`{n}`" for n in ("mixture.json", "megatron_blend.txt", "interleave.json"))
+    return f"""{_yaml(cfg.name, stats['rows'], sorted(by_cluster))}
+
+# climb mixture: {cfg.name}
+
+{stats['rows']:,} rows ({stats['docs']:,} distinct documents; {stats['tokens']:,} {unit}, budget
+{plan['budget']:,}) drawn from {len(clusters)} clusters of the corpus in the proportions below. Each row has
+`id` (the corpus's document id), `text`, `cluster` and `epoch` (0 for a document's first copy; a cluster
+repeated beyond its size has 1, 2, ...). Rows are grouped by cluster: shuffle, or interleave by weight, before
+training.
+
+## Mixture
+
+| cluster | top terms | documents in the corpus | weight | realised weight | {unit} | epochs |
+| --- | --- | --- | --- | --- | --- | --- |
+{rows}
+
+## How it was found
+
+{chr(10).join(how)}{found}{transfer}
+
+## Use it
+
+```python
+from datasets import load_dataset
+ds = load_dataset("path/or/hub-id", split="train")            # every row (config "default")
+one = load_dataset("path/or/hub-id", "cluster_00000", split="train")  # one cluster
+```
+
+{blends} give the weights and files for a trainer: `interleave.json` for
+`datasets.interleave_datasets`, `megatron_blend.txt` for Megatron-LM's `--data-path`
+(after its preprocessing), `mixture.json` for everything the export did.
+"""
