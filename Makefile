@@ -15,7 +15,7 @@ export HF_HOME ?= $(CURDIR)/.cache/huggingface
 
 # `make validate`: the larger model on the found mixture, the baselines and search mixtures
 # (the validate stage; the report gains its "Does it transfer?" section).
-.PHONY: install demo run validate embed cluster tokenize search export report test bench bench-procs bench-e2e bench-scale clean
+.PHONY: install install-gpu demo run validate embed cluster tokenize search export report test bench bench-procs bench-e2e bench-scale clean
 
 install: $(STAMP)
 
@@ -25,6 +25,17 @@ $(STAMP): pyproject.toml requirements-torch.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements-torch.txt
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+# A GPU node: PyPI's default (CUDA) torch, the `gpu` extra, and FAISS's GPU build in place of faiss-cpu.
+install-gpu:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch
+	$(BIN)/python -m pip install --quiet -e '.[gpu]'
+	$(BIN)/python -m pip uninstall --quiet -y faiss-cpu
+	$(BIN)/python -m pip install --quiet --force-reinstall --no-deps 'faiss-gpu-cu12>=1.9'
+	$(BIN)/python -c "import faiss, torch; print('FAISS GPUs:', faiss.get_num_gpus(), '| torch CUDA:', torch.cuda.is_available())"
 	touch $(STAMP)
 
 demo: $(STAMP)
