@@ -52,7 +52,7 @@ def _target(cfg: RunConfig) -> str:
 def card(cfg: RunConfig, paths: RunPaths, w: np.ndarray, real_w: np.ndarray, plan: dict,
          by_cluster: dict[int, list[str]], stats: dict, given_weights: bool) -> str:
     """The card's Markdown, YAML header included."""
-    from climb.stages.report import _validation, summary_table, transfer_section
+    from climb.stages.report import summary_table, transfer_section, validation_summary
     from climb.stages.search import read_results
     from climb.stages.summary import search_summary
     clusters = read_json(paths.cluster.summary)["clusters"]
@@ -63,7 +63,7 @@ def card(cfg: RunConfig, paths: RunPaths, w: np.ndarray, real_w: np.ndarray, pla
         f"| {c['cluster']} | {_cell(', '.join(c['top_terms'][:6]))} | {c['docs']:,} | {w[i]:.4f} | {real_w[i]:.4f} | "
         f"{per[i]['tokens']:,} | {per[i]['epochs']:.2f} |" for i, c in enumerate(clusters))
     summary = search_summary(cfg, paths, len(read_results(paths)), len(clusters))
-    validation, _ = _validation(cfg, paths)
+    validation, _ = validation_summary(cfg, paths)
     how = [f"- config `{cfg.name}`, digest `{digest(cfg)}`; target **{summary['target']['name']}** "
            f"({summary['target']['goal']}) on {_target(cfg)}",
            f"- {summary['proxies_trained']} proxy models trained (search iterations "

@@ -1,4 +1,4 @@
-"""Stage 7, report: one Markdown page with PNG plots, and `summary.json`.
+"""Stage 7, report: one Markdown page with PNG plots, the same page as HTML, and `summary.json`.
 
 Plots: cluster sizes, a 2-D map of the clusters (PCA of their centroids,
 sized by documents), objective by iteration, predicted vs measured, and the
@@ -8,10 +8,17 @@ proxies trained with seeds the search never used), which is also printed and
 written as `report/summary.json`. When the validate stage has run, a "Does it
 transfer?" section gives the larger model's verdicts and the rank transfer plot.
 
+`report/index.html` is `report.md` converted to HTML (`page_html`): one self-contained
+file to send or open on a phone, every figure inlined as a data: URI, the style inline,
+no script and no reference to anything outside it. Text in the page (a cluster's top
+terms come from the corpus) is shown as text, never read as HTML.
+
     climb report --config pipelines/demo.toml --run runs/demo
 """
 from __future__ import annotations
 
+import base64
+import html
 import logging
 from pathlib import Path
 
@@ -22,6 +29,7 @@ from climb.io.files import read_json, write_json
 from climb.optimize.predictor import goal_sign
 from climb.runtime.stage import RunPaths, execute, upstream_key
 from climb.stages.search import read_results
+from climb.stages.summary import search_summary
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +239,89 @@ def transfer_section(v: dict) -> str:
         "| --- | --- | --- | --- | --- | --- |", *rows, "", rank])
 
 
-def _validation(cfg: RunConfig, paths: RunPaths) -> tuple[dict | None, str]:
+_STYLE = """
+body{margin:0;background:#fff;color:#1b1b1b;
+  font:16px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif}
+main{max-width:60rem;margin:0 auto;padding:.5rem 1rem 2rem}
+h1{font-size:1.5rem;line-height:1.25}
+h2{font-size:1.25rem;margin-top:2rem;padding-bottom:.2rem;border-bottom:1px solid #ddd}
+h1,h2,p,li{overflow-wrap:anywhere}
+img{display:block;max-width:100%;height:auto;margin:1rem 0}
+.table{overflow-x:auto;margin:1rem 0}
+table{border-collapse:collapse;font-size:.9rem}
+th,td{border:1px solid #ccc;padding:.3rem .5rem;text-align:left;white-space:nowrap}
+th{background:#f3f3f3}
+code{background:#f3f3f3;padding:0 .2em;font-size:.9em}
+"""
+
+
+def page_html(page: str, folder: Path, title: str) -> str:
+    """The report page (`report.md`'s text) as one self-contained HTML page.
+
+    Converted by Python-Markdown with its tables extension, with raw HTML and autolinks
+    turned off, so that any `<`, `>` or `&` in the text (top terms come from the corpus)
+    is escaped and shows as text. Each image that names a PNG in `folder` becomes a
+    data: URI; any other image becomes its alt text and any link its text, so the page
+    refers to nothing outside itself (its Content-Security-Policy allows nothing else
+    either). Tables sit in a wrapper that scrolls sideways on a narrow screen.
+    """
+    import xml.etree.ElementTree as etree
+
+    import markdown
+    from markdown.extensions import Extension
+    from markdown.treeprocessors import Treeprocessor
+
+    class SelfContained(Treeprocessor):
+        def run(self, root):
+            for parent in list(root.iter()):
+                for i, el in enumerate(list(parent)):
+                    if el.tag == "table":
+                        wrap = etree.Element("div", {"class": "table"})
+                        wrap.tail, el.tail = el.tail, None
+                        wrap.append(el)
+                        parent[i] = wrap
+                    elif el.tag == "img":
+                        src = el.get("src", "")
+                        f = folder / src
+                        if src.endswith(".png") and "/" not in src and "\\" not in src and f.is_file():
+                            el.set("src", "data:image/png;base64," + base64.b64encode(f.read_bytes()).decode())
+                        else:
+                            text = etree.Element("span")
+                            text.text, text.tail = el.get("alt", ""), el.tail
+                            parent[i] = text
+                    elif el.tag == "a":
+                        el.tag = "span"
+                        el.attrib.clear()
+
+    class Escaped(Extension):
+        def extendMarkdown(self, md):
+            md.preprocessors.deregister("html_block")
+            for name in ("html", "autolink", "automail"):
+                md.inlinePatterns.deregister(name)
+            md.treeprocessors.register(SelfContained(md), "self_contained", 15)  # after "inline" (20)
+
+    body = markdown.Markdown(extensions=["tables", Escaped()], output_format="html").convert(page)
+    return "\n".join([
+        "<!DOCTYPE html>",
+        '<html lang="en">',
+        "<head>",
+        '<meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; "
+        "style-src 'unsafe-inline'\">",
+        f"<title>{html.escape(title)}</title>",
+        f"<style>{_STYLE}</style>",
+        "</head>",
+        "<body>",
+        "<main>",
+        body,
+        "</main>",
+        "</body>",
+        "</html>",
+        ""])
+
+
+def validation_summary(cfg: RunConfig, paths: RunPaths) -> tuple[dict | None, str]:
     """The validate stage's summary and manifest hash, if it finished for the current search and config."""
     from climb.stages import validate
     if not paths.manifest("validate").exists():
@@ -244,7 +334,7 @@ def _validation(cfg: RunConfig, paths: RunPaths) -> tuple[dict | None, str]:
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
-    validation, vkey = _validation(cfg, paths)
+    validation, vkey = validation_summary(cfg, paths)
     key = digest(upstream_key(paths, "search"), cfg.name, *([vkey] if vkey else []))
     stats = execute(paths, "report", key, lambda out, ex: _report(cfg, paths, validation, out))
     if stats.get("skipped_stage"):
@@ -261,20 +351,10 @@ def _report(cfg: RunConfig, paths: RunPaths, validation: dict | None, out: Path)
     for f in paths.search.plans:
         for m in read_json(f)["mixtures"]:
             plans[m["mixture_id"]] = m["predicted"]
-    sstats = paths.stats("search")
-    comp = sstats["comparison"]
     qfile = paths.search.quality
     quality = read_json(qfile) if qfile.exists() else {}
     name = "+".join(cfg.target.objective)
-    summary = {"target": {"name": name, "goal": cfg.target.goal},
-               "results": {k: float(v) for k, v in comp.items() if v is not None},
-               "comparison": sstats.get("verdicts", {}),
-               "quality": {k: quality.get(k) for k in ("seed_sd", "paired_sd", "swarm_sd", "snr",
-                                                       "predictor_oof_spearman", "warnings")},
-               "proxies_trained": sstats.get("proxies", len(results)) + sstats.get("replicate_proxies", 0)
-               + sstats.get("comparison_proxies", len(comp) * cfg.search.eval_seeds)
-               + sstats.get("one_shot_proxies", 0),
-               "clusters": len(clusters)}
+    summary = search_summary(cfg, paths, len(results), len(clusters))
     figs = plot_clusters(clusters, np.load(paths.cluster.cluster_centroids), out)
     figs += plot_search(results, plans, cfg.target.goal, name, out)
     figs.append(plot_weights(np.array(mix["weights"]), np.array(mix["natural"]), clusters, out))
@@ -328,6 +408,7 @@ Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy see
 ![map](cluster_map.png)
 """
     paths.report.page.write_text(page)
+    paths.report.html.write_text(page_html(page, out, f"climb report: {cfg.name}"), encoding="utf-8")
     print("\n" + summary_table(summary) + "\n\n" + quality_lines(quality)
           + (f"\n\nDoes it transfer?\n{transfer_section(validation)}" if validation is not None else "")
           + f"\n\nreport: {paths.report.page}\n")
