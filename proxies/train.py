@@ -30,7 +30,7 @@ import contextlib
 import logging
 import math
 import time
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import torch
 
@@ -209,6 +209,23 @@ def log_due(step: int, train_cfg: TrainConfig) -> bool:
     return train_cfg.log_every > 0 and ((step + 1) % train_cfg.log_every == 0 or step + 1 == train_cfg.steps)
 
 
+def curve_steps(steps: int, points: int) -> list[int]:
+    """``points`` step counts spread evenly over a run of ``steps`` steps, the last one ``steps``."""
+    points = max(0, min(points, steps))
+    return sorted({round(steps * (i + 1) / points) for i in range(points)}) if points else []
+
+
+def loss_curve(losses: list[float], tokens_per_step: int, points: int) -> dict:
+    """The training loss at ``points`` places: each the mean step loss since the previous one.
+
+    {"step": [...], "tokens": [...], "train_loss": [...]}; empty lists for points = 0.
+    """
+    ends = curve_steps(len(losses), points)
+    starts = [0] + ends[:-1]
+    return {"step": ends, "tokens": [e * tokens_per_step for e in ends],
+            "train_loss": [float(sum(losses[a:b]) / (b - a)) for a, b in zip(starts, ends)]}
+
+
 def run_stats(losses: list[float], train_cfg: TrainConfig, tokens_per_step: int, seconds: float,
               num_params: int) -> dict:
     """The stats dict a trainer returns for one proxy (see ``train``)."""
@@ -233,11 +250,16 @@ def train(
     seed: int,
     device: str | torch.device = "cpu",
     deadline: float | None = None,
+    on_point: Callable[[int, GPT], None] | None = None,
+    points: Sequence[int] = (),
 ) -> tuple[GPT, dict]:
     """Train a fresh GPT; returns (model in eval mode, stats).
 
     ``deadline`` (a ``time.monotonic()`` value) stops training with TrainingTimeout
-    at the first step that starts after it.
+    at the first step that starts after it. ``on_point(step, model)`` is called after
+    each step count in ``points`` short of the last (the model in eval mode, its
+    current weights, not the tail average; training goes on after it), e.g. to score
+    the model on its target during training.
 
     stats: steps, tokens, seconds, tokens_per_s, final_loss (mean of the last 10% of
     step losses), losses (one per step), num_params, finite (False if the loss diverged).
@@ -253,6 +275,7 @@ def train(
         # steps are not serialised by a host sync every step.
         losses = torch.zeros(train_cfg.steps, device=device)
         tail_avg, avg_from = TailAverage(), average_from(train_cfg)
+        stops = {p for p in points if 0 < p < train_cfg.steps}
         t0 = last_t = time.perf_counter()
         last_step = 0
         for step in range(train_cfg.steps):
@@ -269,6 +292,11 @@ def train(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
             end_step(optimizer, model, step, tail_avg, avg_from)
             losses[step] = step_loss
+            if on_point is not None and step + 1 in stops:
+                model.eval()
+                with torch.no_grad():
+                    on_point(step + 1, model)
+                model.train()
             if log_due(step, train_cfg):
                 current = losses[step].item()  # syncs the device, so the timing below is real
                 now = time.perf_counter()

@@ -149,6 +149,13 @@ class ProxyConfig:
     # swarm_size caps the proxies per stacked model (0: 64 on CUDA, 8 on CPU).
     swarm: str = "auto"
     swarm_size: int = 0
+    # Each proxy's learning curve in its record (`curve`): the training loss at this
+    # many evenly spaced points (free: the loss of every step is known anyway).
+    curve_points: int = 8
+    # Score the target (and held-out sets) at this many of those points before the end
+    # as well (0: only at the end). Each costs one evaluation; the built-in trainer,
+    # one proxy at a time (a stacked swarm records the training loss only).
+    curve_evals: int = 0
     # An external trainer instead of the built-in one: a shell command with
     # `{weights}` (a JSON file of the mixture) and `{out}` (where it writes the
     # metrics record as JSON) substituted; write a literal brace as `{{` or `}}`.

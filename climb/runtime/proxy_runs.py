@@ -189,7 +189,8 @@ def _record(task: ProxyTask, run) -> dict:
            "weights": [float(w) for w in task.weights]}
     metrics: dict = {}
     try:
-        metrics, tokens = run()
+        metrics, tokens, *more = run()  # more: the trainer's {"params", "curve"}, where it reports them
+        rec.update({k: v for k, v in (more[0] if more else {}).items() if v is not None})
         bad = sorted(k for k, v in metrics.items() if not _finite(v))
         if bad:
             raise ValueError(f"metric(s) {bad} are NaN, infinite or null (training diverged?)")
@@ -287,15 +288,15 @@ def _builtin_stacked(tasks: list[ProxyTask]) -> list:
              len(tasks) * trained[0][1]["tokens_per_s"])
 
     def evaluator(task: ProxyTask, model, stats: dict):
-        def run() -> tuple[dict, int]:
+        def run() -> tuple[dict, int, dict]:
             metrics = evaluate_task_metrics(model, tok, task, device)
             metrics["train_loss"] = float(stats["final_loss"])
-            return metrics, int(stats["tokens"])
+            return metrics, int(stats["tokens"]), _extra(proxy_cfg, stats, {}, metrics)
         return run
     return [evaluator(t, m, st) for t, (m, st) in zip(tasks, trained)]
 
 
-def _builtin(task: ProxyTask, deadline: float | None = None) -> tuple[dict, int]:
+def _builtin(task: ProxyTask, deadline: float | None = None) -> tuple[dict, int, dict]:
     import torch
 
     from proxies.train import train
@@ -304,7 +305,11 @@ def _builtin(task: ProxyTask, deadline: float | None = None) -> tuple[dict, int]
     store, tok = _resources(Path(task.tokens_dir))
     sampler = _sampler(store, task.weights, proxy_cfg, task.seed, device, f"proxy {task.mixture_id}")
     mcfg, tcfg = proxy_configs(proxy_cfg, tok)
-    model, stats = train(mcfg, tcfg, sampler, seed=task.seed, device=device, deadline=deadline)
+    scored: dict[int, dict] = {}  # step -> the target's metrics there (proxy.curve_evals)
+    evals = eval_steps(tcfg.steps, proxy_cfg.curve_points, proxy_cfg.curve_evals)
+    model, stats = train(mcfg, tcfg, sampler, seed=task.seed, device=device, deadline=deadline,
+                         on_point=lambda step, m: scored.__setitem__(step, evaluate_task_metrics(m, tok, task, device)),
+                         points=evals)
     metrics = evaluate_task_metrics(model, tok, task, device)
     metrics["train_loss"] = float(stats["final_loss"])
     log.info("proxy %s: objective inputs %s, %.0f tok/s", task.mixture_id,
@@ -312,7 +317,31 @@ def _builtin(task: ProxyTask, deadline: float | None = None) -> tuple[dict, int]
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
-    return metrics, int(stats["tokens"])
+    return metrics, int(stats["tokens"]), _extra(proxy_cfg, stats, scored, metrics)
+
+
+def eval_steps(steps: int, points: int, evals: int) -> list[int]:
+    """The curve points (curve_steps) short of the last at which to score the target: the
+    ones nearest to `evals` even fractions of the run."""
+    from proxies.train import curve_steps
+    pts = curve_steps(steps, points)[:-1]
+    if not pts or evals <= 0:
+        return []
+    return sorted({min(pts, key=lambda p: abs(p - t)) for t in curve_steps(steps, evals + 1)[:-1]})
+
+
+def _extra(proxy_cfg: ProxyConfig, stats: dict, scored: dict[int, dict], final: dict) -> dict:
+    """What a built-in proxy's record keeps besides its metrics: its parameter count, and its
+    learning curve (proxies.train.loss_curve) with the target's metrics where they were scored
+    during training (null elsewhere) and, at the last point, the final ones."""
+    from proxies.train import loss_curve
+    tokens_per_step = stats["tokens"] // max(1, stats["steps"])
+    curve = loss_curve(stats["losses"], tokens_per_step, proxy_cfg.curve_points)
+    if curve["step"] and (scored or proxy_cfg.curve_evals):
+        last = curve["step"][-1]
+        for name in [m for m in final if m != "train_loss"]:
+            curve[name] = [final[name] if s == last else scored.get(s, {}).get(name) for s in curve["step"]]
+    return {"params": int(stats["num_params"]), "curve": curve if curve["step"] else None}
 
 
 class ProxyTimeout(RuntimeError):
@@ -394,4 +423,22 @@ def _external(task: ProxyTask) -> tuple[dict, int]:
     # Numbers are metrics; null (a failed evaluation) is kept so that the record fails.
     metrics = {k: _metric(v) for k, v in metrics.items()
                if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))}
-    return metrics, int(rec.get("tokens", 0) or 0)
+    return metrics, int(rec.get("tokens", 0) or 0), _external_extra(rec)
+
+
+def _external_extra(rec: dict) -> dict:
+    """An external trainer's parameter count and curve, where its metrics file gives them
+    (`"params": int`, `"curve": {"step": [...], "<metric>": [...], ...}`, lists of one length)."""
+    out: dict = {}
+    if isinstance(rec.get("params"), int) and not isinstance(rec["params"], bool):
+        out["params"] = rec["params"]
+    curve = rec.get("curve")
+    if isinstance(curve, dict) and isinstance(curve.get("step"), list) and all(
+            isinstance(v, list) and len(v) == len(curve["step"]) for v in curve.values()):
+        out["curve"] = {k: [_metric(x) if x is not None else None for x in v] if k != "step" else v
+                        for k, v in curve.items()}
+    else:
+        if curve is not None:
+            log.warning("proxy.command's curve is not {\"step\": [...], \"<metric>\": [...]} with lists of one "
+                        "length; it is left out of the record")
+    return out

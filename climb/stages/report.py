@@ -29,7 +29,7 @@ from climb.io.files import read_json, write_json
 from climb.optimize.predictor import goal_sign
 from climb.runtime.stage import RunPaths, execute, upstream_key
 from climb.stages.search import read_results
-from climb.stages.summary import search_summary
+from climb.stages.summary import compute_table, search_summary
 
 log = logging.getLogger(__name__)
 
@@ -397,6 +397,10 @@ Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy see
 
 ![score by iteration](score_by_iteration.png)
 {"![predicted vs measured](predicted_vs_measured.png)" if "predicted_vs_measured.png" in figs else ""}
+
+## Proxy compute
+
+{compute_table(summary["compute"])}
 
 ## Clusters
 

@@ -199,8 +199,9 @@ def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | 
 
 
 def key(cfg: RunConfig, paths: RunPaths) -> str:
-    # A time limit or the retry rule changes how proxies run, not what they measure.
-    return digest(upstream_key(paths, "tokenize"), without(cfg.proxy, "timeout_s"), cfg.target,
+    # A time limit, the retry rule or the curves recorded change how proxies run, not what they measure.
+    return digest(upstream_key(paths, "tokenize"), without(cfg.proxy, "timeout_s", "curve_points", "curve_evals"),
+                  cfg.target,
                   without(cfg.search, "retry_failed"), cfg.export.token_budget)
 
 

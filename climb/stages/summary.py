@@ -7,6 +7,43 @@ from climb.io.files import read_json
 from climb.runtime.stage import RunPaths
 
 
+def _records(paths: RunPaths) -> dict[str, list[dict]]:
+    """Every proxy record of the run, by what it was trained for."""
+    from climb.runtime import results as results_log
+    out = {"search": results_log.load(paths.search.results) if paths.search.results.exists() else []}
+    for purpose, f in (("replicates", paths.search.replicates), ("comparison", paths.search.comparison),
+                       ("one-shot", paths.search.one_shot)):
+        out[purpose] = list(read_json(f).values()) if f.exists() else []
+    out["validate"] = results_log.load(paths.validate.results) if paths.validate.results.exists() else []
+    return out
+
+
+def compute_account(paths: RunPaths) -> dict:
+    """The proxy compute the run spent, by purpose and in all: proxies, tokens trained on,
+    tokens × parameters (and 6× that as training FLOPs; null where a trainer did not report
+    its parameters), and the proxies' own seconds (summed, not wall-clock)."""
+    def account(recs: list[dict]) -> dict:
+        tp = [r.get("tokens", 0) * r["params"] for r in recs if "params" in r]
+        known = all("params" in r for r in recs if r.get("status") == "ok")
+        return {"proxies": len(recs), "tokens": int(sum(r.get("tokens", 0) or 0 for r in recs)),
+                "token_params": int(sum(tp)) if known else None,
+                "flops": 6 * int(sum(tp)) if known else None,
+                "seconds": round(float(sum(r.get("seconds", 0) or 0 for r in recs)), 1)}
+    recs = _records(paths)
+    return {"by_purpose": {k: account(v) for k, v in recs.items() if v},
+            "total": account([r for v in recs.values() for r in v])}
+
+
+def compute_table(compute: dict) -> str:
+    """The compute account as a Markdown table."""
+    def row(name: str, a: dict) -> str:
+        tp = "n/a" if a["token_params"] is None else f"{a['token_params']:.3g}"
+        return f"| {name} | {a['proxies']} | {a['tokens']:,} | {tp} | {a['seconds']:,.0f} |"
+    lines = ["| purpose | proxies | tokens | tokens × parameters | proxy seconds |", "| --- | --- | --- | --- | --- |"]
+    lines += [row(k, v) for k, v in compute["by_purpose"].items()]
+    return "\n".join(lines + [row("**total**", compute["total"])])
+
+
 def search_summary(cfg: RunConfig, paths: RunPaths, n_results: int, n_clusters: int) -> dict:
     """Target, the comparison's means and verdicts, the run's noise figures and the proxies trained."""
     sstats = paths.stats("search")
@@ -21,4 +58,5 @@ def search_summary(cfg: RunConfig, paths: RunPaths, n_results: int, n_clusters: 
             "proxies_trained": sstats.get("proxies", n_results) + sstats.get("replicate_proxies", 0)
             + sstats.get("comparison_proxies", len(comp) * cfg.search.eval_seeds)
             + sstats.get("one_shot_proxies", 0),
-            "clusters": n_clusters}
+            "clusters": n_clusters,
+            "compute": compute_account(paths)}

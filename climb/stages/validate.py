@@ -47,8 +47,9 @@ def read_results(paths: RunPaths) -> list[dict]:
 
 def key(cfg: RunConfig, paths: RunPaths) -> str:
     model = validation_model(cfg)
-    # Whether `climb run` validates, a time limit, the retry rule: how it runs, not what it measures.
-    return digest(upstream_key(paths, "search"), without(model, "timeout_s"), cfg.target,
+    # Whether `climb run` validates, a time limit, the retry rule, the curves recorded: how it runs, not
+    # what it measures.
+    return digest(upstream_key(paths, "search"), without(model, "timeout_s", "curve_points", "curve_evals"), cfg.target,
                   without(cfg.validate, "enabled"))
 
 
