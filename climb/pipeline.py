@@ -14,6 +14,11 @@ folder is local (or a mounted filesystem): it holds a lock, append-only logs and
 memory-mapped arrays, which an object store cannot. Inputs may be URLs, and
 `export.destination` sends the dataset to an object store; a URL destination is
 checked before the first stage runs, not after the search.
+
+With `[track]` set, the invocation is one parent run in the experiment tracker, continued
+when the run resumes; after each stage (and during a search or validation) the proxies the
+run folder records are logged as its child runs (climb.runtime.track). A tracker that fails
+warns once; the stages never see it.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from pathlib import Path
 
 from climb.config import OPTIONAL, STAGES, RunConfig, load_config
 from climb.config.checks import check_run_dir
+from climb.runtime import track
 from climb.runtime.runlock import hold
 from climb.runtime.stage import RunPaths
 from climb.stages import cluster, demo, embed, export, report, search, tokenization, validate
@@ -55,9 +61,11 @@ def run_stage(stage: str, cfg: RunConfig, run_dir: str | Path, with_deps: bool =
         if "export" in order:
             export.check_destination(cfg, paths)
         build_inputs(cfg, paths)
-        for s in order:
-            log.info("== %s ==", s)
-            stats[s] = _RUN[s](cfg, paths)
+        with track.session(cfg, paths) as tracker:
+            for s in order:
+                log.info("== %s ==", s)
+                with tracker.during(s):
+                    stats[s] = _RUN[s](cfg, paths)
     return stats[stage]
 
 
@@ -68,11 +76,13 @@ def run_all(cfg: RunConfig, run_dir: str | Path) -> dict:
         paths.save_config(cfg)
         export.check_destination(cfg, paths)
         build_inputs(cfg, paths)
-        for s in STAGES:
-            if not _enabled(cfg, s):
-                continue
-            log.info("== %s ==", s)
-            out[s] = _RUN[s](cfg, paths)
+        with track.session(cfg, paths) as tracker:
+            for s in STAGES:
+                if not _enabled(cfg, s):
+                    continue
+                log.info("== %s ==", s)
+                with tracker.during(s):
+                    out[s] = _RUN[s](cfg, paths)
     return out
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from climb.config.schema import (EMBED_BACKENDS, SEARCH_ACQUISITIONS, SEARCH_FINALS, ConfigError, ProxyConfig,
-                                 RunConfig, from_dict, to_dict)
+from climb.config.schema import (EMBED_BACKENDS, SEARCH_ACQUISITIONS, SEARCH_FINALS, TRACK_BACKENDS, ConfigError,
+                                 ProxyConfig, RunConfig, from_dict, to_dict)
 from proxies.config import ConfigFieldError
 
 
@@ -67,6 +67,7 @@ def check_config(cfg: RunConfig) -> None:
         raise ConfigError("search.final_top_k > 1 averages mixtures, which leaves the candidate set "
                           "search.candidates; use 1")
     _check_validate(cfg)
+    _check_track(cfg)
 
 
 # [proxy] fields the validation model may not change: it reads the search's token store.
@@ -129,6 +130,23 @@ def _check_validate(cfg: RunConfig) -> None:
                               "external trainer (proxy.command or validate.model.command) leave them empty")
     if v.enabled:
         check_validation_trains(cfg)
+
+
+def _check_track(cfg: RunConfig) -> None:
+    """[track]: a known tracker, and a uri of the kind it takes. Whether the tracker is installed
+    or its server answers is not checked: a tracker that fails warns once, the run goes on."""
+    t = cfg.track
+    if t.backend not in TRACK_BACKENDS:
+        raise ConfigError(f"track.backend must be one of {', '.join(map(repr, TRACK_BACKENDS[1:]))} or \"\" (off), "
+                          f"got {t.backend!r}")
+    if not t.interval_s >= 0:
+        raise ConfigError(f"track.interval_s must be >= 0 (0: log only when a stage ends), got {t.interval_s}")
+    if t.backend == "wandb" and t.uri and not t.uri.startswith(("http://", "https://")):
+        raise ConfigError(f"track.uri {t.uri!r}: with track.backend = \"wandb\" it is a W&B server's URL "
+                          "(http(s)://...) or \"\" (W&B's own, or WANDB_MODE=offline); its files go under <run>/wandb")
+    if t.backend == "mlflow" and t.uri.startswith("sqlite:") and not t.uri.startswith("sqlite:///"):
+        raise ConfigError(f"track.uri {t.uri!r}: an SQLite store is sqlite:///relative/path.db or "
+                          "sqlite:////absolute/path.db")
 
 
 def check_validation_trains(cfg: RunConfig) -> None:

@@ -341,6 +341,34 @@ class ExecutorConfig:
     dask_resource_grace_s: float = 120.0
 
 
+# The experiment trackers [track] can log to ("": off).
+TRACK_BACKENDS = ("", "mlflow", "wandb", "trackio")
+
+
+@dataclass(frozen=True)
+class TrackConfig:
+    # Experiment tracking, off by default (climb/runtime/track.py): "mlflow" (pip install
+    # 'climb[track]'), "wandb" or "trackio" (install them yourself). One parent run per run
+    # folder and config, continued when the run resumes; under it one child run per proxy
+    # (its weights as parameters w_0.., its metrics, seed, iteration and purpose as tags);
+    # the comparison and validation verdicts on the parent. Logged from the run folder's
+    # results, so each proxy is logged once whether it trained here, on a Dask worker or
+    # before a resume. A tracker that fails (not installed, a bad uri, a server down)
+    # warns once and the run goes on without it. Changing [track] reruns nothing.
+    backend: str = ""
+    # Where the runs go. MLflow: "" = sqlite:///<run>/mlflow.db; a .db file; a folder (its
+    # mlflow.db: MLflow 3 deprecates the plain-folder store); or any MLflow tracking URI
+    # (sqlite:///path.db, http://host:5000, databricks). `{run}` is the run folder.
+    # W&B: "" or a W&B server's URL (its files under <run>/wandb; WANDB_MODE=offline logs
+    # locally). trackio: "" (its local store, $TRACKIO_DIR), a trackio server's URL or a Space id.
+    uri: str = ""
+    # "" = the config's name.
+    experiment: str = ""
+    # While a search or validation runs, log the proxies finished so far every this many
+    # seconds (0: only when the stage ends).
+    interval_s: float = 60.0
+
+
 @dataclass(frozen=True)
 class RunConfig:
     name: str = "run"
@@ -353,6 +381,7 @@ class RunConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
     validate: ValidateConfig = field(default_factory=ValidateConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    track: TrackConfig = field(default_factory=TrackConfig)
 
 
 class ConfigError(ValueError):

@@ -239,6 +239,10 @@ class RunPaths:
         return self.root / "data"
 
     @property
+    def track(self) -> Path:  # what [track] logged, under which tracking run (climb.runtime.track)
+        return self.root / "track.json"
+
+    @property
     def embed(self) -> EmbedOutputs:
         return EmbedOutputs(self.root / "embed")
 
