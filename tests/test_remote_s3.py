@@ -96,7 +96,7 @@ def test_s3_run_reads_resumes_and_exports(tmp_path, s3, corpus, monkeypatch, cap
                         for p in (local_run / "export" / "data").rglob("*.parquet"))
     assert len(local_data) > 4
     objects = _objects(s3, "mixtures/run-1")
-    assert objects == sorted(local_data + ["interleave.json", "megatron_blend.txt", "mixture.json"])
+    assert objects == sorted(local_data + ["README.md", "interleave.json", "megatron_blend.txt", "mixture.json"])
     assert not any(".climb-tmp" in p for p in s3.fs.find(s3.bucket))
     for rel in local_data:
         with s3.fs.open(f"{s3.bucket}/mixtures/run-1/{rel}") as fh:
