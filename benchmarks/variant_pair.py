@@ -12,7 +12,9 @@ target scores:
 - over the search seeds, the paired 95% t-interval of that difference and its
   verdict (`climb.optimize.quality.paired_comparison`);
 - non-inferiority: A is "no worse" when the interval's upper end (for a loss) is
-  below `--margin`.
+  below `--margin`;
+- `compute_fraction`: the proxy compute A's searches spent (their search and
+  replicate proxies, tokens x parameters; `summary.json["compute"]`) over B's.
 
     python benchmarks/variant_pair.py --a runs/ov_s0 runs/ov_s1 --b runs/t_s0 runs/t_s1 \
         --names openvino torch --margin 0.01 --json benchmarks/results/variant_pair.json
@@ -35,7 +37,20 @@ def found_mixture(run: Path) -> dict:
         raise SystemExit(f"{run}: no finished comparison of the found mixture")
     return {"run": str(run), "search_seed": cfg.search.seed, "goal": cfg.target.goal,
             "comparison_seeds": [cfg.search.eval_seed + s for s in range(cfg.search.eval_seeds)],
-            "score": float(score)}
+            "score": float(score), "search_compute": search_compute(paths)}
+
+
+def search_compute(paths) -> float | None:
+    """The proxy compute the search spent to choose (its own proxies and replicates, not the
+    comparison): tokens x parameters where the records give parameters, else tokens."""
+    from climb.stages.summary import compute_account
+    by = compute_account(paths)["by_purpose"]
+    parts = [by[p] for p in ("search", "replicates") if p in by]
+    if not parts:
+        return None
+    if all(p["token_params"] is not None for p in parts):
+        return float(sum(p["token_params"] for p in parts))
+    return float(sum(p["tokens"] for p in parts)) or None
 
 
 def compare(a_runs: list[Path], b_runs: list[Path], margin: float) -> dict:
@@ -51,9 +66,11 @@ def compare(a_runs: list[Path], b_runs: list[Path], margin: float) -> dict:
     c = paired_comparison([x["score"] for x in a], [y["score"] for y in b], goal)
     lo, hi = c["ci95"] if c["ci95"] else (None, None)
     no_worse = (hi is not None and hi < margin) if goal == "minimize" else (lo is not None and lo > -margin)
+    ca, cb = [x["search_compute"] for x in a], [y["search_compute"] for y in b]
+    fraction = sum(ca) / sum(cb) if None not in ca + cb and sum(cb) else None
     return {"goal": goal, "margin": margin, "a": a, "b": b,
             "diff_by_seed": [x["score"] - y["score"] for x, y in zip(a, b)],
-            "comparison": c, "a_no_worse_than_b": no_worse}
+            "comparison": c, "a_no_worse_than_b": no_worse, "compute_fraction": fraction}
 
 
 def main(argv=None) -> None:
@@ -71,6 +88,8 @@ def main(argv=None) -> None:
     ci = "[{:+.4f}, {:+.4f}]".format(*c["ci95"]) if c["ci95"] else "(no interval)"
     print(f"mean {c['diff']:+.4f} {ci} over {c['seeds']} search seeds: {c['verdict']}; "
           f"{args.names[0]} no worse than {args.names[1]} by more than {args.margin}: {out['a_no_worse_than_b']}")
+    if out["compute_fraction"] is not None:
+        print(f"{args.names[0]}'s search spent {out['compute_fraction']:.3f} of {args.names[1]}'s proxy compute")
     if args.json:
         write_result(Path(args.json), out, indent=1)
 

@@ -29,6 +29,25 @@ def test_pairs_by_search_seed_and_tests_non_inferiority(tmp_path):
     back = compare(b, a, margin=0.01)
     assert back["comparison"]["verdict"] == "worse" and not back["a_no_worse_than_b"]
     assert compare(b, a, margin=0.05)["a_no_worse_than_b"]
+    assert out["compute_fraction"] is None  # these runs hold no proxy records
+
+
+def test_compute_fraction_is_the_searches_proxy_compute_a_over_b(tmp_path):
+    def records(run, n, params):
+        lines = [json.dumps({"mixture_id": f"it0-{i:03d}", "iteration": 0, "seed": 0, "weights": [1.0],
+                             "status": "ok", "objective": 2.0, "tokens": 1000, "params": params, "seconds": 1.0})
+                 for i in range(n)]
+        (run / "search" / "results.jsonl").write_text("\n".join(lines) + "\n")
+        comp = {f"climb/{s}": {"status": "ok", "objective": 2.0, "tokens": 1000, "params": params}
+                for s in (1, 2, 3)}  # the comparison is not the search's compute
+        (run / "search" / "comparison.json").write_text(json.dumps(comp))
+    a = [_run(tmp_path, f"a{s}", s, [2.0] * 3) for s in range(2)]
+    b = [_run(tmp_path, f"b{s}", s, [2.0] * 3) for s in range(2)]
+    for r in a:
+        records(r, 14, 500)
+    for r in b:
+        records(r, 28, 500)
+    assert compare(a, b, margin=0.01)["compute_fraction"] == pytest.approx(0.5)
 
 
 def test_refuses_runs_that_are_not_pairs(tmp_path):
