@@ -305,6 +305,14 @@ def write_json(path: str | Path, obj) -> None:
         Path(tmp).write_text(strict_json(obj, indent=2) + "\n")
 
 
+def write_npy(path: str | Path, array) -> None:
+    """Save an array as .npy atomically (whole or not at all)."""
+    import numpy as np
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            np.save(fh, array)
+
+
 def strict_json(obj, **kwargs) -> str:
     """JSON that strict readers accept: NaN and infinities become null."""
     return json.dumps(finite(obj), allow_nan=False, default=_json_default, **kwargs)

@@ -58,19 +58,38 @@ def _parse(lines: list[bytes]) -> tuple[list[dict], list[bytes]]:
     return good, bad
 
 
-def load(path: Path) -> list[dict]:
-    """Every complete record, the last one per (mixture id, seed), in file order."""
+def load(path: Path, warn: bool = True) -> list[dict]:
+    """Every complete record, the last one per (mixture id, seed), in file order. `warn=False`
+    for a reader beside the writer (a line still being appended is left for the next read)."""
     path = Path(path)
-    if not path.exists():
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
         return []
-    good, bad = _parse(path.read_bytes().split(b"\n"))
-    if bad:
+    good, bad = _parse(data.split(b"\n"))
+    if bad and warn:
         log.warning("%s: %d line(s) are not complete records (a write was cut short); they are left out "
                     "and set aside on the next search run", path, len(bad))
     last: dict[tuple, int] = {}
     for i, rec in enumerate(good):
         last[(rec["mixture_id"], rec.get("seed"))] = i
     return [good[i] for i in sorted(last.values())]
+
+
+def proxy_records(paths) -> list[tuple[str, dict]]:
+    """(purpose, record) of every proxy a run folder (RunPaths) records: the search's log, its
+    replicate, one-shot and comparison files, and the validation's log; the last record per
+    (mixture id, seed). Read as they are, also while a stage is writing them."""
+    out = [("search", r) for r in load(paths.search.results, warn=False)]
+    for purpose, file in (("replicate", paths.search.replicates), ("one-shot", paths.search.one_shot),
+                          ("comparison", paths.search.comparison)):
+        try:
+            data = json.loads(Path(file).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            out += [(purpose, r) for r in data.values() if isinstance(r, dict) and "mixture_id" in r]
+    return out + [("validation", r) for r in load(paths.validate.results, warn=False)]
 
 
 def repair(path: Path) -> int:

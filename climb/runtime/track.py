@@ -44,11 +44,11 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from climb.config import RunConfig, digest, to_dict
 from climb.io.files import read_json, write_json
-from climb.runtime.results import one_line
+from climb.runtime.results import one_line, proxy_records
 from climb.runtime.stage import RunPaths
 
 log = logging.getLogger(__name__)
@@ -59,40 +59,6 @@ INSTALL = {"mlflow": "pip install 'climb[track]'", "wandb": "pip install wandb",
 
 
 # ------------------------------------------------------------------ what the run folder holds
-def proxy_records(paths: RunPaths) -> Iterator[tuple[str, dict]]:
-    """(purpose, record) of every proxy the run folder records, the last record per (mixture id, seed)."""
-    yield from (("search", r) for r in _log_records(paths.search.results))
-    for purpose, file in (("replicate", paths.search.replicates), ("one-shot", paths.search.one_shot),
-                          ("comparison", paths.search.comparison)):
-        yield from ((purpose, r) for r in _json_records(file))
-    yield from (("validation", r) for r in _log_records(paths.validate.results))
-
-
-def _log_records(path: Path) -> list[dict]:
-    """The complete records of an append-only results log, the last per (mixture id, seed). Read
-    while the stage may be appending: an unfinished last line is left for the next time (the stage
-    itself repairs what a killed process left)."""
-    try:
-        lines = path.read_bytes().split(b"\n")[:-1]
-    except OSError:
-        return []
-    last: dict[tuple, dict] = {}
-    for raw in lines:
-        try:
-            rec = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and "mixture_id" in rec:
-            last.pop((rec["mixture_id"], rec.get("seed")), None)
-            last[(rec["mixture_id"], rec.get("seed"))] = rec
-    return list(last.values())
-
-
-def _json_records(path: Path) -> list[dict]:
-    data = _read(path)
-    return [r for r in data.values() if isinstance(r, dict) and "mixture_id" in r] if isinstance(data, dict) else []
-
-
 def _read(path: Path) -> Any:
     try:
         return read_json(path)

@@ -21,8 +21,8 @@ import pyarrow as pa
 from tqdm.auto import tqdm
 
 from climb.config import CorpusConfig, EmbedConfig, RunConfig, digest
-from climb.io.files import (InputError, atomic_path, file_name, fingerprint, is_url, read_documents, shard_name,
-                            write_parquet)
+from climb.io.files import (InputError, file_name, fingerprint, is_url, read_documents, shard_name,
+                            write_npy, write_parquet)
 from climb.runtime.device import resolve_device, resolve_dtype
 from climb.runtime.stage import EmbedOutputs, RunPaths, execute
 from climb.stages.embed_backend import resolve_backend, to_openvino
@@ -144,9 +144,7 @@ def embed_shard(task: EmbedTask) -> dict:
     # sentence-transformers 6 renamed the method; older releases only have the old name.
     dim = (getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension)()
     emb = np.concatenate(chunks) if chunks else np.zeros((0, dim), np.float32)
-    with atomic_path(npy) as tmp:
-        with open(tmp, "wb") as fh:
-            np.save(fh, emb)
+    write_npy(npy, emb)
     table = pa.table({"id": pa.array(ids, pa.string()), "bytes": pa.array(nbytes, pa.int64())})
     table = table.replace_schema_metadata({f"skipped.{k}": str(v) for k, v in skip.items()})
     write_parquet(ids_file, table)

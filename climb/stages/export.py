@@ -53,7 +53,7 @@ import pyarrow as pa
 
 from climb.config import CorpusConfig, RunConfig, digest
 from climb.io.files import (InputError, file_stamp, is_url, local_path, read_aligned, read_json, strict_json,
-                            write_json, write_parquet, write_text)
+                            write_json, write_npy, write_parquet, write_text)
 from climb.io.mixture import check_weights
 from climb.runtime.stage import RunPaths, execute, upstream_key
 from climb.stages import export_units
@@ -192,11 +192,7 @@ def counts_file(paths: RunPaths, shard: str) -> Path:
 
 
 def count_shard(task: CountTask) -> int:
-    """Each document's size in the unit (0 for pruned ones), saved for the shard; kept if already there."""
-    out = Path(task.out)
-    if out.exists():
-        return 0
-    from climb.io.files import atomic_path
+    """Each document's size in the unit (0 for pruned ones), saved for the shard."""
     from climb.stages.cluster import read_assignments
     clusters = read_assignments(Path(task.assignments))["cluster"].to_numpy()
     units = export_units.load(task.units)
@@ -206,10 +202,8 @@ def count_shard(task: CountTask) -> int:
         keep = clusters[rows] >= 0
         if keep.any():
             sizes[rows[keep]] = units.count([t for t, k in zip(b.texts, keep) if k])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out) as tmp:
-        with open(tmp, "wb") as fh:
-            np.save(fh, sizes)
+    Path(task.out).parent.mkdir(parents=True, exist_ok=True)
+    write_npy(task.out, sizes)
     return len(clusters)
 
 
@@ -236,7 +230,7 @@ def write_shard(task: ExportTask) -> dict:
     copies = np.load(task.copies)
     clusters = np.load(task.clusters)
     cut = np.load(task.cut)
-    tok = None
+    cutter = None
     rows: dict[int, dict[str, list]] = {}
     for start, b in read_aligned(task.path, task.corpus, len(copies)):
         for row, (doc_id, text) in enumerate(zip(b.ids, b.texts), start):
@@ -244,14 +238,8 @@ def write_shard(task: ExportTask) -> dict:
                 r = rows.setdefault(int(clusters[row]), {"id": [], "text": [], "epoch": []})
                 r["id"].append(doc_id)
                 if cut[row] and e == copies[row] - 1:
-                    if task.units != export_units.PROXY:
-                        tok = tok or export_units.load(task.units)
-                        r["text"].append(tok.truncate(text, int(cut[row])))
-                    else:
-                        if tok is None:
-                            from proxies.tokenizer import load_tokenizer
-                            tok = load_tokenizer(task.tokenizer)
-                        r["text"].append(truncate(text, int(cut[row]), tok))
+                    cutter = cutter or _cutter(task)
+                    r["text"].append(cutter(text, int(cut[row])))
                 else:
                     r["text"].append(text)
                 r["epoch"].append(e)
@@ -273,6 +261,15 @@ def write_shard(task: ExportTask) -> dict:
     got = {"shard": task.shard, "files": files, "rows": int(copies.sum())}
     write_json(task.done, got)
     return got
+
+
+def _cutter(task: ExportTask):
+    """cut(text, keep): the start of a text that is `keep` of the export's units long."""
+    if task.units != export_units.PROXY:
+        return export_units.load(task.units).truncate
+    from proxies.tokenizer import load_tokenizer
+    tok = load_tokenizer(task.tokenizer)
+    return lambda text, keep: truncate(text, keep, tok)
 
 
 def truncate(text: str, keep: int, tok) -> str:

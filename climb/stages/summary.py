@@ -7,15 +7,9 @@ from climb.io.files import read_json
 from climb.runtime.stage import RunPaths
 
 
-def _records(paths: RunPaths) -> dict[str, list[dict]]:
-    """Every proxy record of the run, by what it was trained for."""
-    from climb.runtime import results as results_log
-    out = {"search": results_log.load(paths.search.results) if paths.search.results.exists() else []}
-    for purpose, f in (("replicates", paths.search.replicates), ("comparison", paths.search.comparison),
-                       ("one-shot", paths.search.one_shot)):
-        out[purpose] = list(read_json(f).values()) if f.exists() else []
-    out["validate"] = results_log.load(paths.validate.results) if paths.validate.results.exists() else []
-    return out
+# The compute account's names for the purposes climb.runtime.results.proxy_records gives, in its order.
+_PURPOSES = {"search": "search", "replicate": "replicates", "comparison": "comparison", "one-shot": "one-shot",
+             "validation": "validate"}
 
 
 def compute_account(paths: RunPaths) -> dict:
@@ -29,7 +23,10 @@ def compute_account(paths: RunPaths) -> dict:
                 "token_params": int(sum(tp)) if known else None,
                 "flops": 6 * int(sum(tp)) if known else None,
                 "seconds": round(float(sum(r.get("seconds", 0) or 0 for r in recs)), 1)}
-    recs = _records(paths)
+    from climb.runtime.results import proxy_records
+    recs: dict[str, list[dict]] = {name: [] for name in _PURPOSES.values()}
+    for purpose, rec in proxy_records(paths):
+        recs[_PURPOSES[purpose]].append(rec)
     return {"by_purpose": {k: account(v) for k, v in recs.items() if v},
             "total": account([r for v in recs.values() for r in v])}
 
