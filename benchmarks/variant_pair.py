@@ -13,8 +13,14 @@ target scores:
   verdict (`climb.optimize.quality.paired_comparison`);
 - non-inferiority: A is "no worse" when the interval's upper end (for a loss) is
   below `--margin`;
-- `compute_fraction`: the proxy compute A's searches spent (their search and
-  replicate proxies, tokens x parameters; `summary.json["compute"]`) over B's.
+- `compute_fraction`: the proxy compute A's searches spent (their search,
+  replicate and expert proxies, tokens x parameters; `summary.json["compute"]`)
+  over B's;
+- `baselines`: each run's found mixture against the baselines (uniform, natural)
+  paired by comparison seed. With `--baselines-from-b`, an A run that trained no
+  baselines of its own (`search.baselines = []`) is judged against its B run's,
+  which is sound only when they are the same mixtures with the same seeds: the
+  script checks that both runs' uniform and natural weights are equal.
 
     python benchmarks/variant_pair.py --a runs/ov_s0 runs/ov_s1 --b runs/t_s0 runs/t_s1 \
         --names openvino torch --margin 0.01 --json benchmarks/results/variant_pair.json
@@ -40,20 +46,56 @@ def found_mixture(run: Path) -> dict:
             "score": float(score), "search_compute": search_compute(paths)}
 
 
-def search_compute(paths) -> float | None:
-    """The proxy compute the search spent to choose (its own proxies and replicates, not the
-    comparison): tokens x parameters where the records give parameters, else tokens."""
+SEARCH_PURPOSES = ("search", "replicates", "experts")
+
+
+def search_compute(paths) -> dict | None:
+    """The proxy compute the search spent to choose (its own proxies, replicates and experts,
+    not the comparison): {"tokens": ..., "token_params": ... or None where a record has no
+    parameter count}."""
     from climb.stages.summary import compute_account
     by = compute_account(paths)["by_purpose"]
-    parts = [by[p] for p in ("search", "replicates") if p in by]
+    parts = [by[p] for p in SEARCH_PURPOSES if p in by]
     if not parts:
         return None
-    if all(p["token_params"] is not None for p in parts):
-        return float(sum(p["token_params"] for p in parts))
-    return float(sum(p["tokens"] for p in parts)) or None
+    tp = [p["token_params"] for p in parts]
+    return {"tokens": float(sum(p["tokens"] for p in parts)),
+            "token_params": None if None in tp else float(sum(tp))}
 
 
-def compare(a_runs: list[Path], b_runs: list[Path], margin: float) -> dict:
+def compute_fraction(ca: list, cb: list) -> float | None:
+    """A's search compute over B's: tokens x parameters where every run has them, else tokens."""
+    if None in ca + cb:
+        return None
+    unit = "token_params" if all(c["token_params"] is not None for c in ca + cb) else "tokens"
+    total_b = sum(c[unit] for c in cb)
+    return sum(c[unit] for c in ca) / total_b if total_b else None
+
+
+def baseline_verdicts(run: Path, source: Path | None = None) -> dict:
+    """{baseline: paired verdict of run's found mixture against it} over the comparison seeds;
+    the baselines' proxies are read from `source` (default: the run itself)."""
+    from climb.config import load_config
+    from climb.io.files import read_json
+    from climb.optimize.quality import paired_comparison
+    paths, src = run_paths(run), run_paths(source or run)
+    cfg = load_config(paths.config)
+    ours, theirs = read_json(paths.search.comparison), read_json(src.search.comparison)
+    if source is not None:
+        mine, other = read_json(paths.search.mixture), read_json(src.search.mixture)
+        for name in ("uniform", "natural"):
+            if len(mine[name]) != len(other[name]) or max(abs(x - y) for x, y in zip(mine[name], other[name])) > 1e-9:
+                raise SystemExit(f"{run} and {source} have different {name} mixtures: their baselines are not shared")
+    seeds = [cfg.search.eval_seed + s for s in range(cfg.search.eval_seeds)]
+    out = {}
+    for name in ("uniform", "natural", "one-shot"):
+        if all(f"{name}/{s}" in theirs for s in seeds):
+            out[name] = paired_comparison([ours[f"climb/{s}"]["objective"] for s in seeds],
+                                          [theirs[f"{name}/{s}"]["objective"] for s in seeds], cfg.target.goal)
+    return out
+
+
+def compare(a_runs: list[Path], b_runs: list[Path], margin: float, baselines_from_b: bool = False) -> dict:
     from climb.optimize.quality import paired_comparison
     if len(a_runs) != len(b_runs):
         raise SystemExit(f"--a has {len(a_runs)} runs and --b {len(b_runs)}: give one pair per search seed")
@@ -66,8 +108,16 @@ def compare(a_runs: list[Path], b_runs: list[Path], margin: float) -> dict:
     c = paired_comparison([x["score"] for x in a], [y["score"] for y in b], goal)
     lo, hi = c["ci95"] if c["ci95"] else (None, None)
     no_worse = (hi is not None and hi < margin) if goal == "minimize" else (lo is not None and lo > -margin)
-    ca, cb = [x["search_compute"] for x in a], [y["search_compute"] for y in b]
-    fraction = sum(ca) / sum(cb) if None not in ca + cb and sum(cb) else None
+    fraction = compute_fraction([x["search_compute"] for x in a], [y["search_compute"] for y in b])
+    for x, y in zip(a, b):
+        for side, other in ((x, y), (y, None)):
+            try:
+                side["baselines"] = baseline_verdicts(Path(side["run"]),
+                                                      Path(other["run"]) if baselines_from_b and other else None)
+            except FileNotFoundError:  # no comparison records kept (a summary-only run)
+                side["baselines"] = {}
+        if baselines_from_b and not any(k in x["baselines"] for k in ("uniform", "natural")):
+            raise SystemExit(f"{y['run']} has no uniform or natural proxies to judge {x['run']} against")
     return {"goal": goal, "margin": margin, "a": a, "b": b,
             "diff_by_seed": [x["score"] - y["score"] for x, y in zip(a, b)],
             "comparison": c, "a_no_worse_than_b": no_worse, "compute_fraction": fraction}
@@ -79,15 +129,24 @@ def main(argv=None) -> None:
     ap.add_argument("--b", nargs="+", type=Path, required=True, help="variant B's runs, the same search seeds in order")
     ap.add_argument("--names", nargs=2, default=["a", "b"])
     ap.add_argument("--margin", type=float, default=0.01, help="non-inferiority margin, in the target's units")
+    ap.add_argument("--baselines-from-b", action="store_true",
+                    help="judge A runs that trained no baselines against their B run's (same mixtures, same seeds)")
     ap.add_argument("--json", default="", help="also write the result here")
     args = ap.parse_args(argv)
-    out = {"names": args.names, **compare(args.a, args.b, args.margin)}
+    out = {"names": args.names, **compare(args.a, args.b, args.margin, args.baselines_from_b)}
     c = out["comparison"]
     print(f"{args.names[0]} - {args.names[1]} per search seed: "
           + ", ".join(f"{d:+.4f}" for d in out["diff_by_seed"]))
     ci = "[{:+.4f}, {:+.4f}]".format(*c["ci95"]) if c["ci95"] else "(no interval)"
     print(f"mean {c['diff']:+.4f} {ci} over {c['seeds']} search seeds: {c['verdict']}; "
           f"{args.names[0]} no worse than {args.names[1]} by more than {args.margin}: {out['a_no_worse_than_b']}")
+    for side, name in (("a", args.names[0]), ("b", args.names[1])):
+        for x in out[side]:
+            v = x["baselines"]
+            if v:
+                print(f"{name} seed {x['search_seed']}: " + "; ".join(
+                    f"vs {k} {c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}] {c['verdict']}"
+                    if c["ci95"] else f"vs {k} {c['verdict']}" for k, c in v.items()))
     if out["compute_fraction"] is not None:
         print(f"{args.names[0]}'s search spent {out['compute_fraction']:.3f} of {args.names[1]}'s proxy compute")
     if args.json:
