@@ -73,6 +73,40 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
+def _text_logprobs(model, tokenizer, texts: Sequence[str], device: torch.device, batch_size: int,
+                   prepend_eos: bool, bf16: bool | None) -> Iterator[torch.Tensor]:
+    """Per batch of windows, the log-probabilities (natural log, 0 at padding) the model gives
+    the EOS-separated token stream of ``texts``, and the mask of real tokens: every token
+    after the first is predicted exactly once."""
+    eos = tokenizer.eos_id
+    stream = [eos] if prepend_eos else []
+    for ids in tokenizer.encode_batch(list(texts)):
+        stream.extend(ids)
+        stream.append(eos)
+    ids = torch.tensor(stream, dtype=torch.long)
+    T = model.config.seq_len
+    n_pred = len(stream) - 1
+    # Window i predicts stream[i*T+1 : i*T+T+1] from inputs stream[i*T : i*T+T].
+    starts = list(range(0, n_pred, T))
+    with _inference(model, device, bf16):
+        for b in range(0, len(starts), batch_size):
+            chunk = starts[b : b + batch_size]
+            win = torch.full((len(chunk), T + 1), -1, dtype=torch.long)
+            for row, s in enumerate(chunk):
+                piece = ids[s : s + T + 1]
+                win[row, : len(piece)] = piece
+            win = _to_device(win, device)
+            logits, _ = model(win[:, :-1].clamp_min(0))
+            yield gather_logprobs(logits, win[:, 1:]), win[:, 1:] >= 0  # the last window's padding: 0, masked
+
+
+def _text_bytes(texts: Sequence[str]) -> int:
+    total_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    if total_bytes == 0:
+        raise ValueError("bits_per_byte needs at least one non-empty text")
+    return total_bytes
+
+
 def bits_per_byte(
     model,
     tokenizer,
@@ -85,34 +119,25 @@ def bits_per_byte(
     """Total NLL of the EOS-separated token stream, in bits, per UTF-8 byte of ``texts``.
 
     ``bf16``: run under bf16 autocast (None: on CUDA only); see the module docstring."""
-    device = torch.device(device)
     texts = list(texts)
-    total_bytes = sum(len(t.encode("utf-8")) for t in texts)
-    if total_bytes == 0:
-        raise ValueError("bits_per_byte needs at least one non-empty text")
-    eos = tokenizer.eos_id
-    stream = [eos] if prepend_eos else []
-    for ids in tokenizer.encode_batch(texts):
-        stream.extend(ids)
-        stream.append(eos)
-    ids = torch.tensor(stream, dtype=torch.long)
-    T = model.config.seq_len
-    n_pred = len(stream) - 1
-    # Window i predicts stream[i*T+1 : i*T+T+1] from inputs stream[i*T : i*T+T]:
-    # every token after the first is predicted exactly once.
-    starts = list(range(0, n_pred, T))
+    total_bytes = _text_bytes(texts)
     nll = 0.0
-    with _inference(model, device, bf16):
-        for b in range(0, len(starts), batch_size):
-            chunk = starts[b : b + batch_size]
-            win = torch.full((len(chunk), T + 1), -1, dtype=torch.long)
-            for row, s in enumerate(chunk):
-                piece = ids[s : s + T + 1]
-                win[row, : len(piece)] = piece
-            win = _to_device(win, device)
-            logits, _ = model(win[:, :-1].clamp_min(0))
-            nll -= gather_logprobs(logits, win[:, 1:]).sum(dtype=torch.float64).item()
+    for lp, _ in _text_logprobs(model, tokenizer, texts, torch.device(device), batch_size, prepend_eos, bf16):
+        nll -= lp.sum(dtype=torch.float64).item()
     return nll / (math.log(2) * total_bytes)
+
+
+def token_logprobs(model, tokenizer, texts: Sequence[str], device="cpu", batch_size: int = 16,
+                   prepend_eos: bool = True, bf16: bool | None = None) -> tuple[np.ndarray, int]:
+    """The model's log-probability (natural log, float32) of every token ``bits_per_byte``
+    scores, in stream order, and the texts' UTF-8 bytes: ``-logp.sum() / (ln 2 * bytes)``
+    is their bits per byte. A mixture of models' probabilities scored this way gives the
+    bits per byte of their ensemble (``climb.optimize.experts.ensemble_bpb``)."""
+    texts = list(texts)
+    total_bytes = _text_bytes(texts)
+    parts = [lp[real].float().cpu().numpy() for lp, real in
+             _text_logprobs(model, tokenizer, texts, torch.device(device), batch_size, prepend_eos, bf16)]
+    return np.concatenate(parts).astype(np.float32), total_bytes
 
 
 def load_tasks(path: str | Path) -> list[dict]:

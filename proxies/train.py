@@ -252,8 +252,18 @@ def train(
     deadline: float | None = None,
     on_point: Callable[[int, GPT], None] | None = None,
     points: Sequence[int] = (),
+    stop_at: int | None = None,
+    resume: dict | None = None,
 ) -> tuple[GPT, dict]:
     """Train a fresh GPT; returns (model in eval mode, stats).
+
+    ``stop_at`` (0 < stop_at < steps) pauses the run after that many steps: the
+    model is returned with its current weights and ``stats["state"]`` holds what
+    continuing needs (weights, optimizer, step losses, tail average, RNG). Passing
+    that state as ``resume``, with a fresh sampler built as the first one was,
+    continues the run to the end exactly as if it had never paused (the sampler
+    is fast-forwarded by the batches already drawn). A paused run's stats count
+    the steps and tokens trained so far.
 
     ``deadline`` (a ``time.monotonic()`` value) stops training with TrainingTimeout
     at the first step that starts after it. ``on_point(step, model)`` is called after
@@ -265,6 +275,9 @@ def train(
     step losses), losses (one per step), num_params, finite (False if the loss diverged).
     """
     device, accum, amp, tokens_per_step = prepare(model_cfg, train_cfg, [sampler], device)
+    if stop_at is not None and not 0 < stop_at < train_cfg.steps:
+        raise ValueError(f"stop_at={stop_at} must be within (0, {train_cfg.steps})")
+    first = 0
 
     with seeded(seed, device):
         model = GPT(model_cfg).to(device)
@@ -275,10 +288,13 @@ def train(
         # steps are not serialised by a host sync every step.
         losses = torch.zeros(train_cfg.steps, device=device)
         tail_avg, avg_from = TailAverage(), average_from(train_cfg)
-        stops = {p for p in points if 0 < p < train_cfg.steps}
+        if resume is not None:
+            first = _restore(resume, model, optimizer, losses, tail_avg, sampler, accum, train_cfg, device)
+        stops = {p for p in points if first < p < train_cfg.steps}
+        end = stop_at if stop_at is not None else train_cfg.steps
         t0 = last_t = time.perf_counter()
-        last_step = 0
-        for step in range(train_cfg.steps):
+        last_step = first
+        for step in range(first, end):
             lr = start_step(optimizer, step, train_cfg, deadline)
             step_loss = torch.zeros((), device=device)
             for _ in range(accum):
@@ -305,8 +321,16 @@ def train(
                     "step %d/%d loss %.4f lr %.2e %.0f tok/s", step + 1, train_cfg.steps, current, lr, tps
                 )
                 last_t, last_step = now, step + 1
+        seconds = time.perf_counter() - t0 + (resume or {}).get("seconds", 0.0)
+        if stop_at is not None:
+            state = _pause(stop_at, model, optimizer, losses, tail_avg, seconds, device)
+            model.eval()
+            part = losses[:stop_at].tolist()
+            return model, {"steps": stop_at, "tokens": stop_at * tokens_per_step, "seconds": seconds,
+                           "tokens_per_s": stop_at * tokens_per_step / max(seconds, 1e-9), "losses": part,
+                           "num_params": model.num_params(), "finite": all(math.isfinite(v) for v in part),
+                           "state": state}
         loss_list = losses.tolist()
-        seconds = time.perf_counter() - t0
         tail_avg.copy_to(model)
 
     stats = run_stats(loss_list, train_cfg, tokens_per_step, seconds, model.num_params())
@@ -314,3 +338,42 @@ def train(
         logger.warning("training diverged: non-finite loss (final_loss=%s)", stats["final_loss"])
     model.eval()
     return model, stats
+
+
+def _pause(step: int, model: GPT, optimizer, losses: torch.Tensor, tail_avg: TailAverage, seconds: float,
+           device: torch.device) -> dict:
+    """What continuing a run paused after ``step`` steps needs, on the CPU (torch.save-able)."""
+    def cpu(obj):
+        if isinstance(obj, torch.Tensor):
+            return obj.detach().to("cpu", copy=True)
+        if isinstance(obj, dict):
+            return {k: cpu(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(cpu(v) for v in obj)
+        return obj
+    state = {"step": step, "model": cpu(model.state_dict()), "optimizer": cpu(optimizer.state_dict()),
+             "losses": losses[:step].tolist(), "tail": [cpu(tail_avg.avg), tail_avg.n], "seconds": seconds,
+             "rng": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _restore(state: dict, model: GPT, optimizer, losses: torch.Tensor, tail_avg: TailAverage,
+             sampler: MixtureSampler, accum: int, train_cfg: TrainConfig, device: torch.device) -> int:
+    """Load a paused run's state (``_pause``) into a fresh model and optimizer; returns its step."""
+    step = int(state["step"])
+    if not 0 < step < train_cfg.steps or len(state["losses"]) != step:
+        raise ValueError(f"cannot resume a run paused at step {step} of {len(state['losses'])} losses "
+                         f"into one of {train_cfg.steps} steps")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    losses[:step] = torch.tensor(state["losses"], device=device)
+    avg, n = state["tail"]
+    tail_avg.avg, tail_avg.n = ([a.to(device) for a in avg] if avg is not None else None), int(n)
+    torch.set_rng_state(state["rng"])
+    if device.type == "cuda" and "cuda_rng" in state:
+        torch.cuda.set_rng_state(state["cuda_rng"], device)
+    for _ in range(step * accum):  # the sampler's draws so far, so it continues where it was
+        sampler.sample_windows()
+    return step

@@ -163,3 +163,30 @@ def test_gradient_accumulation_batch_check(store_and_tok):
     assert stats["tokens"] == 2 * 8 * 32
     with pytest.raises(ValueError, match="multiple"):
         train(mcfg, TrainConfig(steps=2, batch_size=6), sampler, seed=0)
+
+
+@pytest.mark.parametrize("pause", [3, 12])  # before and inside the tail average (last 40%: steps 12-19)
+def test_a_paused_and_resumed_run_equals_an_unbroken_one(store_and_tok, tmp_path, pause):
+    """Weights, optimizer, step losses, tail average, RNG (dropout) and the sampler's place all
+    carry over a pause: the continued run ends bit for bit where an unbroken one does."""
+    store, tok = store_and_tok
+    mcfg = GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=32, seq_len=32, dropout=0.1)
+    tcfg = TrainConfig(steps=20, batch_size=8, warmup_steps=3, log_every=0, average_last=0.4)
+
+    def sampler():
+        return MixtureSampler(store, np.array([1.0]), seq_len=32, batch_size=4, seed=5)  # 2 micro-batches
+    whole, ws = train(mcfg, tcfg, sampler(), seed=3)
+    part, ps = train(mcfg, tcfg, sampler(), seed=3, stop_at=pause)
+    assert ps["steps"] == pause and ps["tokens"] == pause * 8 * 32 and ps["losses"] == ws["losses"][:pause]
+    torch.save(ps["state"], tmp_path / "state.pt")  # it goes through a file in a search
+    state = torch.load(tmp_path / "state.pt", weights_only=False)
+    done, ds = train(mcfg, tcfg, sampler(), seed=3, resume=state)
+    assert ds["losses"] == ws["losses"] and ds["steps"] == 20 and ds["tokens"] == ws["tokens"]
+    for a, b in zip(whole.state_dict().values(), done.state_dict().values()):
+        assert torch.equal(a, b)
+    # Resuming with a sampler that is not the first one's would not continue the same run.
+    _, other = train(mcfg, tcfg, MixtureSampler(store, np.array([1.0]), seq_len=32, batch_size=4, seed=6),
+                     seed=3, resume=state)
+    assert other["losses"][pause:] != ws["losses"][pause:]
+    with pytest.raises(ValueError, match="stop_at"):
+        train(mcfg, tcfg, sampler(), seed=3, stop_at=20)

@@ -33,6 +33,19 @@ def check_config(cfg: RunConfig) -> None:
     unknown = set(cfg.search.baselines) - {"uniform", "natural", "one-shot"}
     if unknown:
         raise ConfigError(f"search.baselines: unknown {sorted(unknown)}; choose from uniform, natural, one-shot")
+    if cfg.search.halving and (len(cfg.search.halving) != 2 or not all(0 < v < 1 for v in cfg.search.halving)):
+        raise ConfigError(f"search.halving must be [rung, keep], two fractions in (0, 1) (e.g. [0.25, 0.25]), "
+                          f"or [] for off; got {list(cfg.search.halving)}")
+    if not 0 <= cfg.search.experts <= 1:
+        raise ConfigError(f"search.experts is the fraction of the proxies' steps an expert trains, in [0, 1] "
+                          f"(0: no experts); got {cfg.search.experts}")
+    if (cfg.search.halving or cfg.search.experts) and (cfg.proxy.command or cfg.proxy.lookup):
+        raise ConfigError("search.halving and search.experts need the built-in proxy trainer (they pause and "
+                          "resume proxies, or read their token probabilities); unset proxy.command / proxy.lookup "
+                          "or turn them off")
+    if cfg.search.experts and not cfg.target.texts:
+        raise ConfigError("search.experts scores mixtures by the experts' bits per byte on target.texts; "
+                          "the target has no texts")
     if cfg.search.replicates < 0 or cfg.search.replicate_seeds < 0:
         raise ConfigError("search.replicates and search.replicate_seeds must be >= 0")
     if cfg.executor.processes < 0:

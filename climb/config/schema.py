@@ -256,6 +256,17 @@ class SearchConfig:
     # A resumed search trains its failed proxies again (a fixed trainer, a freed
     # GPU); false keeps their failure records.
     retry_failed: bool = True
+    # Successive halving on the learning curves, [rung, keep] (empty: off): every
+    # iteration but the last trains its proxies to `rung` of their steps, scores the
+    # target there and continues the best `keep` of them (and any the curve model
+    # cannot rule out, up to as many again); the others enter the predictor at their
+    # predicted final value. Built-in trainer only (climb/optimize/halving.py).
+    halving: tuple[float, ...] = ()
+    # Expert features: one expert per cluster, trained this fraction of the proxies'
+    # steps on that cluster alone (0: off); the predictor then fits a line in each
+    # mixture's expert-ensemble bits per byte on the target texts and the default
+    # model on the rest. Built-in trainer and target.texts only (climb/optimize/experts.py).
+    experts: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -190,19 +190,20 @@ def rank_metrics(y_true, y_pred, goal: str) -> dict:
 
 
 def propose(X_seen, y_seen, goal: str, candidates: np.ndarray, n: int, predictor_name: str = "default",
-            seed: int = 0, explore_frac: float = 0.25, min_l1: float = 0.05):
+            seed: int = 0, explore_frac: float = 0.25, min_l1: float = 0.05, fit=None):
     """The next n mixtures to train and their predicted values.
 
     Exploit: best predicted candidates first, each at L1 >= min_l1 from every mixture
     already seen or chosen. Explore (round(explore_frac * n) slots): among the best
     quarter of the candidates by prediction, farthest-point sampling, i.e. the candidate
     farthest (L1) from everything seen or chosen so far - promising but unmeasured regions.
-    If the distance constraint leaves too few candidates it is halved (logged).
+    If the distance constraint leaves too few candidates it is halved (logged). `fit(X, y)`,
+    if given, returns the fitted predictor instead of `predictor_name`'s.
     """
     X_seen, y_seen, C = np.asarray(X_seen, float), np.asarray(y_seen, float), np.asarray(candidates, float)
     if len(C) < n:
         raise ValueError(f"{len(C)} candidates cannot give {n} proposals")
-    model = make_predictor(predictor_name, seed=seed).fit(X_seen, y_seen)
+    model = fit(X_seen, y_seen) if fit is not None else make_predictor(predictor_name, seed=seed).fit(X_seen, y_seen)
     pred = model.predict(C)
     order = np.argsort(goal_sign(goal) * pred, kind="stable")
     n_explore = min(int(round(explore_frac * n)), n - 1) if n > 1 else 0

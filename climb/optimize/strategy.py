@@ -56,6 +56,9 @@ class Strategy:
     min_l1: float = 0.05
     # The last iteration only feeds the final pick: measure the best predicted, no exploration.
     exploit_last: bool = True
+    # A feature of mixtures the predictor fits a line in before its own model (the experts'
+    # ensemble bpb, climb.optimize.experts.ExpertPrior); None: the predictor alone.
+    prior: object = None
 
     def __post_init__(self):
         if self.acquisition not in ("explore",) + ACQUISITIONS:
@@ -81,7 +84,11 @@ def row_index(rows: np.ndarray, pool: np.ndarray, tol: float = 1e-9) -> np.ndarr
 
 
 def _fit(strategy: Strategy, X, y, seed: int):
-    return make_predictor(strategy.predictor, seed=seed).fit(np.asarray(X, float), np.asarray(y, float))
+    model = make_predictor(strategy.predictor, seed=seed)
+    if strategy.prior is not None:
+        from climb.optimize.experts import ExpertPrior
+        model = ExpertPrior(model, strategy.prior)
+    return model.fit(np.asarray(X, float), np.asarray(y, float))
 
 
 def propose_next(X_seen, y_seen, goal: str, C: np.ndarray, n: int, strategy: Strategy, seed: int):
@@ -89,7 +96,8 @@ def propose_next(X_seen, y_seen, goal: str, C: np.ndarray, n: int, strategy: Str
     X_seen, y_seen, C = np.asarray(X_seen, float), np.asarray(y_seen, float), np.asarray(C, float)
     if strategy.acquisition == "explore":
         W, pred = propose(X_seen, y_seen, goal, C, n, predictor_name=strategy.predictor, seed=seed,
-                          explore_frac=strategy.explore_frac, min_l1=strategy.min_l1)
+                          explore_frac=strategy.explore_frac, min_l1=strategy.min_l1,
+                          fit=lambda X, y: _fit(strategy, X, y, seed))
         return row_index(W, C), pred
     model = _fit(strategy, X_seen, y_seen, seed)
     idx = select_batch(strategy.acquisition, model, X_seen, y_seen, C, n, np.random.default_rng(seed),

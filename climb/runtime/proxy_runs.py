@@ -60,6 +60,13 @@ class ProxyTask:
     proxy: ProxyConfig
     target: TargetConfig
     heldout: TargetConfig | None = None  # evaluations scored beside the target, as heldout/<metric>
+    # Built-in trainer only. stop_at > 0: pause after that many steps, save the run's state
+    # to `checkpoint` and score the target there (a rung of successive halving). stop_at = 0
+    # with a `checkpoint` that exists: continue that paused run to the end.
+    stop_at: int = 0
+    checkpoint: str = ""
+    # Keep the target texts' per-token log-probabilities here (.npy), for expert features.
+    logprobs: str = ""
 
 
 def load_target(target_cfg: TargetConfig, run_dir: Path) -> dict:
@@ -305,19 +312,57 @@ def _builtin(task: ProxyTask, deadline: float | None = None) -> tuple[dict, int,
     store, tok = _resources(Path(task.tokens_dir))
     sampler = _sampler(store, task.weights, proxy_cfg, task.seed, device, f"proxy {task.mixture_id}")
     mcfg, tcfg = proxy_configs(proxy_cfg, tok)
-    scored: dict[int, dict] = {}  # step -> the target's metrics there (proxy.curve_evals)
+    ckpt = Path(task.checkpoint) if task.checkpoint else None
+    resume = None
+    if ckpt is not None and not task.stop_at and ckpt.exists():
+        resume = torch.load(ckpt, map_location="cpu", weights_only=True)
+    scored: dict[int, dict] = dict((resume or {}).get("scored", {}))  # step -> the target's metrics there
     evals = eval_steps(tcfg.steps, proxy_cfg.curve_points, proxy_cfg.curve_evals)
     model, stats = train(mcfg, tcfg, sampler, seed=task.seed, device=device, deadline=deadline,
                          on_point=lambda step, m: scored.__setitem__(step, evaluate_task_metrics(m, tok, task, device)),
-                         points=evals)
+                         points=evals, stop_at=task.stop_at or None, resume=resume)
     metrics = evaluate_task_metrics(model, tok, task, device)
-    metrics["train_loss"] = float(stats["final_loss"])
-    log.info("proxy %s: objective inputs %s, %.0f tok/s", task.mixture_id,
+    losses = stats["losses"]
+    metrics["train_loss"] = float(stats.get("final_loss", np.mean(losses[-max(1, math.ceil(0.1 * len(losses))):])))
+    if task.stop_at:
+        _save_state(ckpt, {**stats.pop("state"), "scored": scored})
+    if task.logprobs:
+        _save_logprobs(Path(task.logprobs), model, tok, task, device)
+    log.info("proxy %s%s: objective inputs %s, %.0f tok/s", task.mixture_id,
+             f" (paused at step {task.stop_at})" if task.stop_at else "",
              {k: round(v, 4) for k, v in metrics.items()}, stats["tokens_per_s"])
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
+    if task.stop_at:
+        return metrics, int(stats["tokens"]), {"params": int(stats["num_params"]), "curve": None}
     return metrics, int(stats["tokens"]), _extra(proxy_cfg, stats, scored, metrics)
+
+
+def _save_state(path: Path | None, state: dict) -> None:
+    """A paused run's state, written whole or not at all."""
+    import torch
+
+    from climb.io.files import atomic_path
+    if path is None:
+        raise ValueError("a proxy paused at a rung needs a checkpoint path")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def _save_logprobs(path: Path, model, tok, task: ProxyTask, device: str) -> None:
+    """The target texts' per-token log-probabilities (float32) and their UTF-8 bytes, as
+    {path} (.npy) and {path}.json."""
+    from climb.io.files import write_json, write_npy
+    from proxies.evaluate import token_logprobs
+    texts = load_target(task.target, Path(task.run_dir))["texts"]
+    if not texts:
+        raise InputError("expert features need target.texts; the target has none")
+    logp, n_bytes = token_logprobs(model, tok, texts, device=device, bf16=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_npy(path, logp)
+    write_json(path.with_suffix(".json"), {"tokens": int(len(logp)), "bytes": int(n_bytes)})
 
 
 def eval_steps(steps: int, points: int, evals: int) -> list[int]:

@@ -78,11 +78,11 @@ def load(path: Path, warn: bool = True) -> list[dict]:
 
 def proxy_records(paths) -> list[tuple[str, dict]]:
     """(purpose, record) of every proxy a run folder (RunPaths) records: the search's log, its
-    replicate, one-shot and comparison files, and the validation's log; the last record per
+    experts, replicate, one-shot and comparison files, and the validation's log; the last record per
     (mixture id, seed). Read as they are, also while a stage is writing them."""
     out = [("search", r) for r in load(paths.search.results, warn=False)]
-    for purpose, file in (("replicate", paths.search.replicates), ("one-shot", paths.search.one_shot),
-                          ("comparison", paths.search.comparison)):
+    for purpose, file in (("experts", paths.search.experts), ("replicate", paths.search.replicates),
+                          ("one-shot", paths.search.one_shot), ("comparison", paths.search.comparison)):
         try:
             data = json.loads(Path(file).read_text())
         except (OSError, ValueError):

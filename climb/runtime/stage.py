@@ -139,6 +139,19 @@ class SearchOutputs:
         return self.dir / "one_shot_mixture.json"
 
     @property
+    def experts(self) -> Path:  # {mixture id: record} of the expert proxies (search.experts)
+        return self.dir / "experts.json"
+
+    def expert_logprobs(self, cluster: int) -> Path:  # an expert's per-token log-probabilities
+        return self.dir / "experts" / f"cluster_{cluster:03d}.npy"
+
+    def rungs(self, iteration: int) -> Path:  # {mixture id: record} at the rung (search.halving)
+        return self.dir / f"rungs_{iteration}.json"
+
+    def checkpoint(self, mixture_id: str) -> Path:  # a proxy paused at the rung
+        return self.dir / "checkpoints" / f"{mixture_id}.pt"
+
+    @property
     def comparison(self) -> Path:
         return self.dir / "comparison.json"
 

@@ -114,8 +114,12 @@ def _ok_sorted(results: list[dict]) -> list[dict]:
     return sorted((r for r in results if r["status"] == "ok"), key=lambda r: r["mixture_id"])
 
 
-def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: list[dict]) -> dict:
-    """The mixtures of iteration `it` (saved, so a resumed search trains the same ones)."""
+def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: list[dict],
+                   prior=None) -> dict:
+    """The mixtures of iteration `it` (saved, so a resumed search trains the same ones);
+    `prior`: the experts' feature the predictor fits a line in first (search.experts)."""
+    from dataclasses import replace as dc_replace
+
     from climb.optimize.strategy import from_search_config
     from climb.optimize.strategy import plan as plan_indices
     plan_file = paths.search.plan(it)
@@ -131,8 +135,8 @@ def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: 
     X = np.array([r["weights"] for r in ok]).reshape(len(ok), pool.shape[1])
     y = np.array([r["objective"] for r in ok])
     # A drawn pool is in random order already; a fixed one is sampled from at random.
-    idx, predicted = plan_indices(it, n, X, y, cfg.target.goal, pool, from_search_config(search_cfg),
-                                  search_cfg.seed,
+    idx, predicted = plan_indices(it, n, X, y, cfg.target.goal, pool,
+                                  dc_replace(from_search_config(search_cfg), prior=prior), search_cfg.seed,
                                   shuffle=fixed is not None, last=it == len(search_cfg.iterations) - 1)
     plan = {"iteration": it, "mixtures": [{"mixture_id": f"it{it}-{j:03d}", "weights": pool[i].tolist(),
                                            "predicted": p} for j, (i, p) in enumerate(zip(idx, predicted))]}
@@ -174,20 +178,25 @@ def run_proxies(cfg: RunConfig, ex, tasks: list[ProxyTask], desc: str, on_record
 
 
 def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | None = None,
-                  source: str = "search/results.jsonl") -> dict:
-    """The mixture the results point to, by `search.final` (or `rule`, e.g. "predicted")."""
+                  source: str = "search/results.jsonl", prior=None) -> dict:
+    """The mixture the results point to, by `search.final` (or `rule`, e.g. "predicted").
+
+    A pick among measured mixtures ("seen", "measured-predicted") is among proxies trained to
+    the end: one stopped at a rung (search.halving) holds a predicted final value only."""
     from dataclasses import replace as dc_replace
 
     from climb.optimize.strategy import final_pick, from_search_config
     search_cfg = cfg.search
     ok = _ok_sorted(results)
+    if (rule or search_cfg.final) != "predicted":
+        ok = [r for r in ok if "stopped" not in r]
     if len(ok) < 2:
         raise RuntimeError(f"only {len(ok)} proxies succeeded; see {len(results)} records in {source}")
     X = np.array([r["weights"] for r in ok])
     y = np.array([r["objective"] for r in ok])
     fixed = fixed_candidates(cfg, space)
     pool = fixed if fixed is not None else candidate_pool(cfg, space, search_cfg.pool_size, search_cfg.seed + 99_991)
-    strategy = from_search_config(search_cfg)
+    strategy = dc_replace(from_search_config(search_cfg), prior=prior)
     if rule is not None:
         strategy = dc_replace(strategy, final=rule, final_top_k=1)
     pick = final_pick(X, y, cfg.target.goal, pool, strategy, search_cfg.seed)
@@ -220,14 +229,18 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     space = mixture_space(cfg, cluster_tokens(paths))
     results = read_results(paths)
     done = {r["mixture_id"] for r in results if not results_log.retry(r, search_cfg.retry_failed)}
+    prior = experts_feature(cfg, paths, ex, space)
     for it in range(len(search_cfg.iterations)):
-        plan = plan_iteration(cfg, paths, it, space, [r for r in results if r["iteration"] < it])
+        plan = plan_iteration(cfg, paths, it, space, [r for r in results if r["iteration"] < it], prior)
         todo = [m for m in plan["mixtures"] if m["mixture_id"] not in done]
         if todo:
             log.info("search iteration %d/%d: %d proxies (%d already done)", it + 1, len(search_cfg.iterations),
                      len(todo), len(plan["mixtures"]) - len(todo))
-        tasks = [proxy_task(cfg, paths, m["mixture_id"], it, m["weights"], search_cfg.seed) for m in todo]
-        run_proxies(cfg, ex, tasks, f"proxies it{it + 1}", lambda i, rec: _append(paths, rec))
+        if search_cfg.halving and it < len(search_cfg.iterations) - 1:
+            halving(cfg, paths, ex, it, plan, done)
+        else:
+            tasks = [proxy_task(cfg, paths, m["mixture_id"], it, m["weights"], search_cfg.seed) for m in todo]
+            run_proxies(cfg, ex, tasks, f"proxies it{it + 1}", lambda i, rec: _append(paths, rec))
         results = read_results(paths)  # the file is the record: CSVs, manifest and report agree with it
         results_log.require_successes(results, 1)
         _write_swarm_csv(paths, results)
@@ -249,7 +262,7 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
                      it + 1, ",".join(cfg.target.objective), best["objective"], best["mixture_id"],
                      _fmt(oof[-1]))
     results_log.require_successes(results, 2)
-    final = final_mixture(cfg, space, results)
+    final = final_mixture(cfg, space, results, prior=prior)
     write_json(paths.search.mixture, {**final, "natural": space["natural"].tolist(),
                                       "uniform": space["uniform"].tolist(), "max_weight": space["max_weight"].tolist(),
                                       "goal": cfg.target.goal, "objective": list(cfg.target.objective)})
@@ -273,6 +286,8 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
              "clusters": len(space["natural"]), "final_predicted": final["predicted"],
              "replicate_proxies": sum(len(v) - 1 for v in reps.values()),  # less the search's own run
              "comparison_proxies": sum(len(v) for v in runs.values()),
+             "stopped_proxies": sum("stopped" in r for r in results),
+             "expert_proxies": len(read_json(paths.search.experts)) if paths.search.experts.exists() else 0,
              "one_shot_proxies": len(read_json(paths.search.one_shot)) if paths.search.one_shot.exists() else 0}
     return stats
 
@@ -289,13 +304,123 @@ def _oof(cfg: RunConfig, results: list[dict]) -> float | None:
                         seed=cfg.search.seed)
 
 
+# Target tokens the expert feature scores candidate pools on (a fixed random sample): the
+# pool's ensemble bpb over every token of the demo's target took tens of seconds per iteration.
+EXPERT_TOKENS = 8192
+
+
+def experts_feature(cfg: RunConfig, paths: RunPaths, ex, space: dict):
+    """With `search.experts`: train one expert per usable cluster (that fraction of the proxies'
+    steps, on that cluster alone, the search's seed), keep its per-token log-probabilities on
+    the target texts, and return the mixtures' expert-ensemble bpb as a function of weights
+    (climb.optimize.experts). None without experts."""
+    from dataclasses import replace as dc_replace
+
+    from climb.optimize.experts import ExpertFeature
+    search_cfg = cfg.search
+    if not search_cfg.experts:
+        return None
+    steps = max(1, round(search_cfg.experts * cfg.proxy.steps))
+    proxy = dc_replace(cfg.proxy, steps=steps, warmup_steps=min(cfg.proxy.warmup_steps, steps - 1), curve_evals=0)
+    clusters = [int(c) for c in np.flatnonzero(space["usable"])]
+    out_file = paths.search.experts
+    have = read_json(out_file) if out_file.exists() else {}
+    k = len(space["usable"])
+    todo = [c for c in clusters if results_log.retry(have.get(f"expert-{c:03d}"), search_cfg.retry_failed)
+            or not paths.search.expert_logprobs(c).exists()]
+    tasks = [dc_replace(proxy_task(cfg, paths, f"expert-{c:03d}", -3, np.eye(k)[c], search_cfg.seed), proxy=proxy,
+                        logprobs=str(paths.search.expert_logprobs(c))) for c in todo]
+
+    def keep(i: int, rec: dict) -> None:
+        have[tasks[i].mixture_id] = rec
+        write_json(out_file, have)
+    if tasks:
+        log.info("experts: %d proxies of %d steps, one per cluster", len(tasks), steps)
+        ex.map(train_and_score, tasks, desc="experts", resources={"GPU": 1}, on_result=keep, parallel=True)
+    bad = [c for c in clusters if have[f"expert-{c:03d}"]["status"] != "ok"]
+    if bad:
+        raise RuntimeError(f"the experts of clusters {bad} failed (see {out_file}); a rerun trains them again, "
+                           "or set search.experts = 0")
+    logp = np.stack([np.load(paths.search.expert_logprobs(c)) for c in clusters], 1)
+    n_bytes = read_json(paths.search.expert_logprobs(clusters[0]).with_suffix(".json"))["bytes"]
+    feature = ExpertFeature(logp, n_bytes, max_tokens=EXPERT_TOKENS, seed=search_cfg.seed)
+    cols = np.array(clusters)
+    return lambda W: feature(np.asarray(W, float)[:, cols])
+
+
+def halving(cfg: RunConfig, paths: RunPaths, ex, it: int, plan: dict, done: set) -> None:
+    """One iteration by successive halving on the curves (search.halving; climb/optimize/halving.py).
+
+    Every mixture of the plan trains to the rung and is scored there (kept in rungs_<it>.json,
+    the run's state in checkpoints/); the continue set is chosen from all of them and the
+    curve model of earlier iterations; those continue to the end and are logged with their
+    rung value; then the rest are logged with the predicted final value, the curve model now
+    including this iteration's. Every choice is a function of files on disk, so a resumed
+    search makes the same ones.
+    """
+    from dataclasses import replace as dc_replace
+
+    from climb.optimize.halving import continue_set, curve_shift, predicted_final
+    search_cfg = cfg.search
+    rung, keep_frac = search_cfg.halving
+    steps = cfg.proxy.steps
+    at = min(steps - 1, max(1, round(rung * steps)))
+    tasks = {m["mixture_id"]: proxy_task(cfg, paths, m["mixture_id"], it, m["weights"], search_cfg.seed)
+             for m in plan["mixtures"]}
+    rung_file = paths.search.rungs(it)
+    have = read_json(rung_file) if rung_file.exists() else {}
+    todo = [dc_replace(t, stop_at=at, checkpoint=str(paths.search.checkpoint(m))) for m, t in tasks.items()
+            if m not in done and results_log.retry(have.get(m), search_cfg.retry_failed)]
+
+    def keep_rung(i: int, rec: dict) -> None:
+        have[todo[i].mixture_id] = rec
+        write_json(rung_file, have)
+    if todo:
+        ex.map(train_and_score, todo, desc=f"proxies it{it + 1} to step {at}/{steps}", resources={"GPU": 1},
+               on_result=keep_rung, parallel=True)
+    for m in tasks:  # a proxy that failed at the rung fails as a whole (and is retried on resume)
+        if m not in done and have.get(m, {}).get("status") != "ok":
+            _append(paths, have[m])
+    values = {m: have[m]["objective"] for m in tasks if have.get(m, {}).get("status") == "ok"}
+    go_on = continue_set(values, cfg.target.goal, keep_frac, curve_shift(_curve_pairs(paths, it)))
+    log.info("iteration %d: %d of %d proxies continue past step %d/%d: %s", it + 1, len(go_on), len(values), at,
+             steps, ", ".join(go_on))
+    rest = [dc_replace(tasks[m], checkpoint=str(paths.search.checkpoint(m))) for m in go_on if m not in done]
+
+    def finished(i: int, rec: dict) -> None:
+        first = have[rest[i].mixture_id]
+        rec["rung"] = {"step": at, "objective": first["objective"], "metrics": first["metrics"]}
+        rec["seconds"] = round(rec.get("seconds", 0) + first.get("seconds", 0), 3)  # the whole proxy's time
+        _append(paths, rec)
+    if rest:
+        ex.map(train_and_score, rest, desc=f"proxies it{it + 1} from step {at} to {steps}", resources={"GPU": 1},
+               on_result=finished, parallel=True)
+    shift = curve_shift(_curve_pairs(paths, it + 1))
+    for m in values:
+        if m in go_on or m in done:
+            continue
+        pred, sd = predicted_final(values[m], shift)
+        _append(paths, {**have[m], "objective": pred,
+                        "stopped": {"step": at, "steps": steps, "objective": values[m], "predicted_sd": sd,
+                                    "curve_model_proxies": shift[2]}})
+    for m in tasks:
+        paths.search.checkpoint(m).unlink(missing_ok=True)
+
+
+def _curve_pairs(paths: RunPaths, before: int) -> list[tuple[float, float]]:
+    """(rung value, final value) of the proxies of iterations before `before` that continued
+    past their rung (a resumed search's log may hold later ones: they are left out)."""
+    return [(r["rung"]["objective"], r["objective"]) for r in read_results(paths)
+            if r["status"] == "ok" and "rung" in r and r["iteration"] < before]
+
+
 def replicates(cfg: RunConfig, paths: RunPaths, ex, results: list[dict]) -> dict:
     """Retrain the first `search.replicates` mixtures of iteration 1 with `replicate_seeds` more
     seeds; returns {mixture_id: {seed: objective}} including the search's own seed."""
     search_cfg = cfg.search
     out_file = paths.search.replicates
     have = read_json(out_file) if out_file.exists() else {}
-    first = sorted((r for r in results if r["iteration"] == 0),
+    first = sorted((r for r in results if r["iteration"] == 0 and "stopped" not in r),
                    key=lambda r: r["mixture_id"])[: search_cfg.replicates]
     seeds = [search_cfg.seed + 1 + s for s in range(search_cfg.replicate_seeds)]
     todo = [(r, s) for r in first for s in seeds

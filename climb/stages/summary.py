@@ -8,8 +8,8 @@ from climb.runtime.stage import RunPaths
 
 
 # The compute account's names for the purposes climb.runtime.results.proxy_records gives, in its order.
-_PURPOSES = {"search": "search", "replicate": "replicates", "comparison": "comparison", "one-shot": "one-shot",
-             "validation": "validate"}
+_PURPOSES = {"search": "search", "experts": "experts", "replicate": "replicates", "comparison": "comparison",
+             "one-shot": "one-shot", "validation": "validate"}
 
 
 def compute_account(paths: RunPaths) -> dict:
