@@ -60,3 +60,34 @@ def test_refuses_runs_that_are_not_pairs(tmp_path):
     c = [_run(tmp_path, "c0", 0, [2.0] * 2, eval_seeds=(1, 2)), _run(tmp_path, "c1", 1, [2.0] * 3)]
     with pytest.raises(SystemExit, match="comparison seeds"):
         compare(a, c, margin=0.01)
+
+
+def _with_comparison(run, climb, baselines=None, natural=(0.5, 0.5)):
+    """Give a run its comparison proxies (climb's and, optionally, the baselines') and mixtures."""
+    seeds = (10007, 10008, 10009)
+    comp = {f"climb/{s}": {"mixture_id": f"final-climb-{s}", "objective": v} for s, v in zip(seeds, climb)}
+    for name, vals in (baselines or {}).items():
+        comp.update({f"{name}/{s}": {"mixture_id": f"final-{name}-{s}", "objective": v} for s, v in zip(seeds, vals)})
+    (run / "search" / "comparison.json").write_text(json.dumps(comp))
+    (run / "search" / "mixture.json").write_text(json.dumps({"natural": list(natural), "uniform": [0.5, 0.5]}))
+
+
+def test_a_run_without_baselines_is_judged_against_its_pairs_own(tmp_path):
+    a = [_run(tmp_path, f"a{s}", s, [2.0] * 3) for s in range(2)]
+    b = [_run(tmp_path, f"b{s}", s, [2.0] * 3) for s in range(2)]
+    base = {"uniform": [2.5, 2.52, 2.49], "natural": [2.0, 2.02, 2.01]}
+    for r in a:
+        _with_comparison(r, [2.0, 2.01, 2.0])
+    for r in b:
+        _with_comparison(r, [2.1, 2.1, 2.1], base)
+    out = compare(a, b, margin=0.01, baselines_from_b=True)
+    v = out["a"][0]["baselines"]
+    assert v["uniform"]["verdict"] == "better" and v["uniform"]["diff"] == pytest.approx(-0.5, abs=1e-9)
+    assert v["natural"]["verdict"] == "not resolved"
+    assert out["b"][0]["baselines"]["uniform"]["diff"] == pytest.approx(2.1 - sum(base["uniform"]) / 3)  # B against its own
+    # Without the flag A has no baselines of its own to be judged against.
+    assert compare(a, b, margin=0.01)["a"][0]["baselines"] == {}
+    # Another clustering has other uniform / natural mixtures: B's proxies do not stand for A's.
+    _with_comparison(a[1], [2.0, 2.01, 2.0], natural=(0.4, 0.6))
+    with pytest.raises(SystemExit, match="different natural mixtures"):
+        compare(a, b, margin=0.01, baselines_from_b=True)
