@@ -252,6 +252,10 @@ def test_a_cheaper_search_runs_end_to_end_on_the_builtin_trainer(tmp_path, monke
         assert all(r["tokens"] == full and r["curve"]["step"][-1] == 24 for r in went_on)
         assert stats["stopped_proxies"] == len(stopped)
         assert by["search"]["tokens"] < len(recs) * full
+        from climb import pipeline
+        pipeline.run_stage("report", cfg, paths.root)
+        page = (paths.root / "report" / "report.md").read_text()
+        assert f"{len(stopped)} stopped at 0.25 of their steps by successive halving" in page
     else:
         experts = json.loads(paths.search.experts.read_text())
         k = stats["clusters"]

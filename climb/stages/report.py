@@ -74,12 +74,19 @@ def plot_clusters(clusters: list[dict], centroids: np.ndarray, out: Path) -> lis
 
 def plot_search(results: list[dict], plans: dict, goal: str, name: str, out: Path) -> list[str]:
     plt = _plt()
-    ok = [r for r in results if r["status"] == "ok" and r["iteration"] >= 0]
+    # A proxy stopped at its rung (search.halving) holds a predicted final value: drawn hollow,
+    # and neither "best so far" nor "measured".
+    stopped = [r for r in results if r["status"] == "ok" and r["iteration"] >= 0 and "stopped" in r]
+    ok = [r for r in results if r["status"] == "ok" and r["iteration"] >= 0 and "stopped" not in r]
     fig, ax = plt.subplots(figsize=(6, 4))
     its = np.array([r["iteration"] + 1 for r in ok])
     ys = np.array([r["objective"] for r in ok])
     jitter = np.random.default_rng(0).uniform(-0.12, 0.12, len(its))
-    ax.scatter(its + jitter, ys, alpha=0.6)
+    ax.scatter(its + jitter, ys, alpha=0.6, label="trained to the end" if stopped else None)
+    if stopped:
+        si = np.array([r["iteration"] + 1 for r in stopped])
+        ax.scatter(si + np.random.default_rng(1).uniform(-0.12, 0.12, len(si)), [r["objective"] for r in stopped],
+                   facecolors="none", edgecolors="C0", alpha=0.6, label="stopped at the rung (predicted)")
     best = [min(goal_sign(goal) * ys[its <= i]) * goal_sign(goal) for i in sorted(set(its))]
     ax.plot(sorted(set(its)), best, "k-o", label="best so far")
     ax.set_xticks(sorted(set(its.tolist())))
@@ -107,6 +114,18 @@ def plot_search(results: list[dict], plans: dict, goal: str, name: str, out: Pat
         plt.close(fig)
         files.append("predicted_vs_measured.png")
     return files
+
+
+def _cheaper(cfg: RunConfig, results: list[dict]) -> str:
+    """What the search did to spend less on proxies, as a clause of the report's first line."""
+    parts = []
+    if cfg.search.halving:
+        n = sum("stopped" in r for r in results)
+        parts.append(f"{n} stopped at {cfg.search.halving[0]:g} of their steps by successive halving "
+                     f"(their values predicted from the curves)")
+    if cfg.search.experts:
+        parts.append(f"after one expert per cluster trained {cfg.search.experts:g} of the steps")
+    return f", {'; '.join(parts)}" if parts else ""
 
 
 def plot_weights(final: np.ndarray, natural: np.ndarray, clusters: list[dict], out: Path) -> str:
@@ -372,7 +391,7 @@ def _report(cfg: RunConfig, paths: RunPaths, validation: dict | None, out: Path)
     page = f"""# climb report: {cfg.name}
 
 Target: **{name}**, goal **{cfg.target.goal}**. {len(results)} search proxies over
-{len(cfg.search.iterations)} iterations ({' -> '.join(map(str, cfg.search.iterations))}), predictor
+{len(cfg.search.iterations)} iterations ({' -> '.join(map(str, cfg.search.iterations))}){_cheaper(cfg, results)}, predictor
 `{mix['predictor']}`; {len(clusters)} clusters.
 
 ## Result
