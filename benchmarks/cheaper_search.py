@@ -1,0 +1,113 @@
+"""Half the proxy compute, the same answer? The cheaper searches against the default on the demo.
+
+Each arm is a `climb run` of `pipelines/demo.toml` with a few settings changed, one
+run per fresh search seed, paired with the default's run of the same seed (BENCHMARKS.md,
+"Half the proxy compute", holds the rule this applies, fixed before the runs):
+
+- H: fewer proxies, `search.iterations = [4, 4, 2, 2]`;
+- S: successive halving on the curves, `[8, 8, 2]` with `search.halving = [0.25, 0.25]`;
+- E: expert features, `[4, 2, 2]` with `search.experts = 0.25`.
+
+The arms train no baselines (`search.baselines = []`): uniform and natural are the same
+mixtures with the same comparison seeds in every run, so each arm is judged against its
+seed's default run's (`variant_pair.py --baselines-from-b`, which checks that). Per arm:
+
+- (a) `compute_fraction`: its search compute (search, replicate and expert proxies) over
+  the default's, at most 0.5;
+- (b) every seed's found mixture beats uniform and natural at 95%;
+- (c) every found mixture's tech share is at least 0.6 (`demo_answer.py`);
+- (d) the found-mixture bpb minus the default's, paired by search seed: the 95% interval's
+  upper end below +0.01;
+- and against H (the obvious way to spend half), the mean difference.
+
+    # train what is missing (about 5 min a run on 2 cores), then judge
+    python benchmarks/cheaper_search.py --train --json benchmarks/results/cheaper_search.json
+    python benchmarks/cheaper_search.py --default 'runs/pair_torch_s{seed}' --arm 'runs/arm_{arm}_s{seed}'
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from common import write_result
+
+ARMS = {
+    "H": ["search.iterations=[4,4,2,2]"],
+    "S": ["search.iterations=[8,8,2]", "search.halving=[0.25,0.25]"],
+    "E": ["search.iterations=[4,2,2]", "search.experts=0.25"],
+}
+TECH_MIN, MARGIN, FRACTION_MAX = 0.6, 0.01, 0.5
+
+
+def train(run: Path, seed: int, sets: list[str], baselines: bool) -> None:
+    if (run / "report" / "summary.json").exists():
+        return
+    cmd = [sys.executable, "-m", "climb.cli", "run", "--config", "pipelines/demo.toml", "--run", str(run),
+           "--set", f"search.seed={seed}"] + [a for s in sets for a in ("--set", s)]
+    if not baselines:
+        cmd += ["--set", "search.baselines=[]"]
+    print(" ".join(cmd), flush=True)
+    with open(f"{run}.log", "w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT,
+                       env=dict(os.environ, HF_HUB_OFFLINE="1"))
+
+
+def judge(arm: str, runs: list[Path], default: list[Path], h: list[Path] | None) -> dict:
+    from demo_answer import analyse
+    from variant_pair import compare
+    out = compare(runs, default, MARGIN, baselines_from_b=True)
+    tech = [analyse(r)["tech_share"]["climb"] for r in runs]
+    beats = [all(x["baselines"].get(b, {}).get("verdict") == "better" for b in ("uniform", "natural"))
+             for x in out["a"]]
+    c = out["comparison"]
+    res = {"arm": arm, "settings": ARMS.get(arm, []), "seeds": [x["search_seed"] for x in out["a"]],
+           "bpb": [x["score"] for x in out["a"]], "default_bpb": [x["score"] for x in out["b"]],
+           "diff_vs_default": c, "compute_fraction": out["compute_fraction"], "tech_share": tech,
+           "baselines": [x["baselines"] for x in out["a"]],
+           "criteria": {"a_half_compute": out["compute_fraction"] is not None
+                        and out["compute_fraction"] <= FRACTION_MAX + 1e-9,
+                        "b_beats_baselines": all(beats), "c_tech_share": min(tech) >= TECH_MIN,
+                        "d_non_inferior": bool(out["a_no_worse_than_b"])}}
+    res["passes"] = all(res["criteria"].values())
+    if h is not None:
+        vs_h = compare(runs, h, MARGIN)
+        res["diff_vs_H"] = vs_h["comparison"]
+    return res
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[5, 6, 7, 8, 9])
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--default", default="runs/pair_torch_s{seed}", help="the default's run folder per seed")
+    ap.add_argument("--arm", default="runs/arm_{arm}_s{seed}", help="an arm's run folder per seed")
+    ap.add_argument("--train", action="store_true", help="train the runs that are missing first")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args(argv)
+    default = [Path(args.default.format(seed=s)) for s in args.seeds]
+    arms = {a: [Path(args.arm.format(arm=a, seed=s)) for s in args.seeds] for a in args.arms}
+    if args.train:
+        for s, run in zip(args.seeds, default):
+            train(run, s, [], baselines=True)
+        for a, runs in arms.items():
+            for s, run in zip(args.seeds, runs):
+                train(run, s, ARMS[a], baselines=False)
+    results = [judge(a, runs, default, arms.get("H") if a != "H" else None) for a, runs in arms.items()]
+    for r in results:
+        c = r["diff_vs_default"]
+        ci = "[{:+.4f}, {:+.4f}]".format(*c["ci95"]) if c["ci95"] else "(no interval)"
+        print(f"{r['arm']}: compute {r['compute_fraction']:.3f} of the default's; bpb "
+              + ", ".join(f"{b:.4f}" for b in r["bpb"]) + f"; tech share {min(r['tech_share']):.2f}-"
+              f"{max(r['tech_share']):.2f}; - default {c['diff']:+.4f} {ci} ({c['verdict']})"
+              + (f"; - H {r['diff_vs_H']['diff']:+.4f}" if "diff_vs_H" in r else "")
+              + f"; criteria {r['criteria']}; passes: {r['passes']}")
+    if args.json:
+        write_result(Path(args.json), {"margin": MARGIN, "tech_min": TECH_MIN, "fraction_max": FRACTION_MAX,
+                                       "default_runs": [str(d) for d in default], "arms": results}, indent=1)
+
+
+if __name__ == "__main__":
+    main()
