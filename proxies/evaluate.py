@@ -210,8 +210,10 @@ def score_requests(
     device="cpu",
     batch_size: int = 32,
     bf16: bool | None = None,
-) -> list[tuple[float, bool]]:
-    """(sum log p(continuation | context), continuation is the greedy argmax) per request.
+    per_token: bool = False,
+) -> list:
+    """(sum log p(continuation | context), continuation is the greedy argmax) per request;
+    with ``per_token``, instead each continuation token's log p (float32 array, in order).
 
     ``bf16``: run under bf16 autocast (None: on CUDA only); see the module docstring."""
     device = torch.device(device)
@@ -233,7 +235,7 @@ def score_requests(
         seq = (ctx + cont)[-(T + 1) :]
         seqs.append(seq)
         n_conts.append(min(len(cont), len(seq) - 1))
-    results: list[tuple[float, bool]] = [(0.0, True)] * len(seqs)
+    results: list = [np.zeros(0, np.float32) if per_token else (0.0, True)] * len(seqs)
     # Longest first, so each batch holds similar lengths and little padding.
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
     with _inference(model, device, bf16):
@@ -252,11 +254,28 @@ def score_requests(
                     tgt[row, len(s) - 1 - n : len(s) - 1] = torch.tensor(s[-n:])
             inp, tgt = _to_device(inp, device), _to_device(tgt, device)
             logits, _ = model(inp)
+            if per_token:
+                lp = gather_logprobs(logits, tgt).float().cpu()
+                keep = (tgt >= 0).cpu()
+                for row, i in enumerate(idx):
+                    results[i] = lp[row][keep[row]].numpy()
+                continue
             ll = gather_logprobs(logits, tgt).sum(dim=1, dtype=torch.float64)
             hit = ((logits.argmax(dim=-1) == tgt) | (tgt < 0)).all(dim=1)
             for i, v, h in zip(idx, ll.tolist(), hit.tolist()):
                 results[i] = (float(v), bool(h))
     return results
+
+
+def gold_token_logprobs(model, tokenizer, items: Sequence[dict], device="cpu", batch_size: int = 32,
+                        bf16: bool | None = None) -> list[tuple[np.ndarray, int]]:
+    """Per item, the log p of each token of its gold continuation, scored as ``evaluate_task``
+    scores it, and the continuation's UTF-8 bytes: ``-logp.sum() / bytes`` is the item's term
+    of ``gold_loss_per_byte`` (which is their mean over the items)."""
+    requests = [mc_request(it["query"], it["choices"][it["gold"]]) if "choices" in it
+                else (it["context"], it["continuation"]) for it in items]
+    lps = score_requests(model, tokenizer, requests, device=device, batch_size=batch_size, bf16=bf16, per_token=True)
+    return [(lp, max(1, len(cont.encode("utf-8")))) for lp, (_, cont) in zip(lps, requests)]
 
 
 def evaluate_task(

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from climb.config import ConfigError, load_config
-from climb.optimize.experts import ExpertFeature, ExpertPrior, ensemble_bpb
+from climb.optimize.experts import ExpertFeature, ExpertPrior, ensemble_bpb, ensemble_loss
 from climb.optimize.halving import continue_set, curve_shift, predicted_final
 from climb.optimize.predictor import make_predictor
 from climb.runtime import proxy_runs
@@ -56,6 +56,10 @@ def test_ensemble_bpb_is_the_bpb_of_the_mixed_token_probabilities():
     W = np.array([[1.0, 0.0, 0.0], [0.2, 0.3, 0.5], [0.0, 0.5, 0.5]])
     direct = [-np.log2((probs[np.arange(500), :, tokens] * w).sum(1)).sum() / n_bytes for w in W]
     assert ensemble_bpb(logp, n_bytes, W) == pytest.approx(direct, rel=1e-10)
+    # Any weights per token: a mean over two "items" of their losses per byte.
+    coef = np.r_[np.full(200, 1 / (2 * 300)), np.full(300, 1 / (2 * 700))]
+    items = [-(np.log((probs[np.arange(500), :, tokens] * w).sum(1)) * coef).sum() for w in W]
+    assert ensemble_loss(logp, coef, W) == pytest.approx(items, rel=1e-10)
     # Stable where every expert gives a token almost nothing.
     assert np.isfinite(ensemble_bpb(logp - 800.0, n_bytes, W)).all()
     with pytest.raises(ValueError, match="experts"):
@@ -96,10 +100,30 @@ def test_expert_ensemble_bpb_equals_a_direct_computation_on_toy_models(tmp_path)
     assert ensemble_bpb(logp, n_bytes, w[None])[0] == pytest.approx(nll / n_bytes, rel=1e-5)
 
 
+def test_expert_gold_losses_give_a_tasks_gold_loss_per_byte(tmp_path):
+    """An expert's gold-continuation log-probabilities, weighted as the search weights them,
+    give evaluate_task's gold_loss_per_byte; for multiple choice and cloze items alike."""
+    from proxies.config import GPTConfig
+    from proxies.evaluate import evaluate_task, gold_token_logprobs
+    from proxies.model import GPT
+    from proxies.tokenizer import train_bpe
+    tok = train_bpe(iter(["the cat sat on the mat. a dog ran far. " * 5] * 4), 300, tmp_path / "tok.json")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=32, seq_len=16)).eval()
+    items = [{"query": "Question: where did the cat sit?", "choices": ["on the mat", "far away"], "gold": 0},
+             {"query": "the dog", "choices": [" ran far", " sat"], "gold": 1},
+             {"context": "the cat sat on the", "continuation": " mat. a dog ran far. " * 3}]  # longer than seq_len
+    got = gold_token_logprobs(model, tok, items)
+    coef = np.concatenate([np.full(len(lp), 1 / (b * len(items))) for lp, b in got])
+    logp = np.concatenate([lp for lp, _ in got])[:, None]
+    assert ensemble_loss(logp, coef, np.ones((1, 1)))[0] == pytest.approx(
+        evaluate_task(model, tok, items)["gold_loss_per_byte"], rel=1e-6)
+
+
 def test_expert_prior_fits_a_line_in_the_feature_and_the_base_on_the_rest():
     rng = np.random.default_rng(1)
     logp = np.log(rng.dirichlet(np.ones(5), size=200)[:, :3] + 1e-3)
-    feature = ExpertFeature(logp, 400)
+    feature = ExpertFeature(logp, np.full(len(logp), 1 / 400))
     X = rng.dirichlet(np.ones(3), size=12)
     y = 0.5 + 2.0 * feature(X) + 0.01 * rng.normal(size=12)
     m = ExpertPrior(make_predictor("linear"), feature).fit(X, y)
@@ -111,9 +135,10 @@ def test_expert_prior_fits_a_line_in_the_feature_and_the_base_on_the_rest():
     assert flat.slope == 0.0
     # A token sample: the same feature on fewer tokens (bytes scaled), close to the whole.
     many = np.log(rng.dirichlet(np.ones(5), size=4000)[:, :3] + 1e-3)
-    sub = ExpertFeature(many, 8000, max_tokens=1000, seed=3)
-    assert len(sub.logp) == 1000 and sub.n_bytes == 2000
-    assert np.corrcoef(sub(Q), ExpertFeature(many, 8000)(Q))[0, 1] > 0.9
+    coef = np.full(4000, 1 / 8000)
+    sub = ExpertFeature(many, coef, max_tokens=1000, seed=3)
+    assert len(sub.logp) == 1000 and sub.coef.sum() == pytest.approx(coef.sum())
+    assert np.corrcoef(sub(Q), ExpertFeature(many, coef)(Q))[0, 1] > 0.9
 
 
 def test_bad_settings_are_refused():
@@ -125,6 +150,8 @@ def test_bad_settings_are_refused():
         load_config(None, ["search.experts=2.0"])
     with pytest.raises(ConfigError, match="built-in proxy trainer"):
         load_config(None, ["search.halving=[0.25, 0.25]", 'proxy.command="x {weights} {out}"'])
+    with pytest.raises(ConfigError, match="accuracy|gold_loss_per_byte"):
+        load_config(None, ["search.experts=0.25", 'target.objective=["piqa/acc"]', 'target.goal="maximize"'])
 
 
 # ----------------------------------------------------------------- the search, scripted
@@ -233,11 +260,19 @@ def _builtin_cfg(cfg, tmp_path, *sets):
     return dataclasses.replace(cfg, proxy=pc, target=tc)
 
 
-@pytest.mark.parametrize("setting", [{"halving": (0.25, 0.5)}, {"experts": 0.5}])
+@pytest.mark.parametrize("setting", [{"halving": (0.25, 0.5)}, {"experts": 0.5}, {"experts": 0.5, "tasks": True}],
+                         ids=["halving", "experts", "experts on texts and a task"])
 def test_a_cheaper_search_runs_end_to_end_on_the_builtin_trainer(tmp_path, monkeypatch, setting):
     cfg, paths, _, _ = prepare(tmp_path, monkeypatch, "search.iterations=[4, 4, 2]", "search.replicates=1",
                                "search.replicate_seeds=1", "executor.processes=1")
     cfg = _builtin_cfg(cfg, tmp_path)
+    if setting.pop("tasks", False):  # the objective: the mean of the texts' bpb and a task's gold loss per byte
+        task = tmp_path / "task.jsonl"
+        task.write_text("\n".join(json.dumps(x) for x in [
+            {"query": "alpha beta", "choices": [" gamma delta", " epsilon"], "gold": 0},
+            {"context": "one two three", "continuation": " four five six seven"}]) + "\n")
+        cfg = dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, tasks={"t": str(task)},
+                                                                  objective=("bpb", "t/gold_loss_per_byte")))
     cfg = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, **setting))
     tokenization.run(cfg, paths)
     stats = search.run(cfg, paths)
@@ -263,8 +298,10 @@ def test_a_cheaper_search_runs_end_to_end_on_the_builtin_trainer(tmp_path, monke
         assert all(r["tokens"] == full // 2 and sum(r["weights"]) == 1.0 and max(r["weights"]) == 1.0
                    for r in experts.values())
         lp = np.load(paths.search.expert_logprobs(0))
-        meta = json.loads(paths.search.expert_logprobs(0).with_suffix(".json").read_text())
-        assert lp.shape == (meta["tokens"],) and (lp <= 0).all()
-        # An expert's own bpb on the target is what its log-probabilities give.
-        e0 = experts["expert-000"]["metrics"]["bpb"]
-        assert -lp.astype(np.float64).sum() / (math.log(2) * meta["bytes"]) == pytest.approx(e0, rel=1e-5)
+        coef = np.load(proxy_runs.coef_path(paths.search.expert_logprobs(0)))
+        assert lp.shape == coef.shape and (lp <= 0).all()
+        # An expert's own objective on the target is what its log-probabilities give.
+        for c in range(k):
+            lp = np.load(paths.search.expert_logprobs(c))
+            e = experts[f"expert-{c:03d}"]["objective"]
+            assert -(coef * lp.astype(np.float64)).sum() == pytest.approx(e, rel=1e-5)

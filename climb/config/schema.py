@@ -264,8 +264,8 @@ class SearchConfig:
     halving: tuple[float, ...] = ()
     # Expert features: one expert per cluster, trained this fraction of the proxies'
     # steps on that cluster alone (0: off); the predictor then fits a line in each
-    # mixture's expert-ensemble bits per byte on the target texts and the default
-    # model on the rest. Built-in trainer and target.texts only (climb/optimize/experts.py).
+    # mixture's expert-ensemble objective (bpb, tasks' gold loss per byte) and the
+    # default model on the rest. Built-in trainer only (climb/optimize/experts.py).
     experts: float = 0.0
 
 

@@ -7,7 +7,9 @@ probabilities mixed by w:
 
     ensemble_bpb(w) = -sum_t log2(sum_i w_i p_i(t)) / bytes
 
-(Mixture of Data Experts, arXiv 2502.15950). It is not the loss of a model
+(Mixture of Data Experts, arXiv 2502.15950); the same for a task's gold
+continuations, whose loss per byte is a mean over items of each one's tokens
+(`ensemble_loss` with a weight per token). It is not the loss of a model
 trained on w, but it ranks mixtures by how much of what the target needs each
 one holds, which is what a predictor fitted on a few proxies lacks. `ExpertPrior`
 makes it a predictor: a line in the ensemble bpb (a slope >= 0) fitted on the
@@ -15,7 +17,7 @@ proxies measured, and the base predictor (the default GP blend) on what the
 line leaves.
 
     from climb.optimize.experts import ExpertFeature, ExpertPrior
-    feature = ExpertFeature(logp, n_bytes)       # logp: tokens x experts, natural log
+    feature = ExpertFeature(logp, coef)          # logp: tokens x experts, natural log
     model = ExpertPrior(make_predictor("default"), feature).fit(X, y)
 """
 from __future__ import annotations
@@ -29,42 +31,50 @@ log = logging.getLogger(__name__)
 CHUNK = 4096  # mixtures scored at once: a tokens x CHUNK block of probabilities
 
 
-def ensemble_bpb(logp: np.ndarray, n_bytes: int, W: np.ndarray) -> np.ndarray:
-    """Bits per byte of the experts' ensemble for each mixture (row) of W.
+def ensemble_loss(logp: np.ndarray, coef: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """-sum_t coef[t] * log(sum_i w_i p_i(t)) for each mixture (row) w of W: the loss of the
+    experts' ensemble, the experts' token probabilities mixed by w.
 
-    logp: (tokens, experts) natural-log probabilities of the target's tokens; W:
-    (mixtures, experts), rows summing to 1. Computed stably: per token, the experts'
-    log-probabilities less their maximum are exponentiated, mixed, and the maximum
-    added back.
+    logp: (tokens, experts) natural-log probabilities of the target's tokens; coef: each
+    token's weight in the loss (1 / (ln 2 * bytes) for bits per byte). Computed stably:
+    per token, the experts' log-probabilities less their maximum are exponentiated, mixed,
+    and the maximum added back.
     """
     logp, W = np.asarray(logp, np.float64), np.atleast_2d(np.asarray(W, np.float64))
+    coef = np.asarray(coef, np.float64)
     if logp.ndim != 2 or W.shape[1] != logp.shape[1]:
         raise ValueError(f"{W.shape[1]} weights per mixture for {logp.shape[-1]} experts")
-    top = logp.max(1, keepdims=True)
-    P = np.exp(logp - top)  # (tokens, experts), each row's largest entry 1
+    if coef.shape != (len(logp),):
+        raise ValueError(f"{coef.shape} token weights for {len(logp)} tokens")
+    top = logp.max(1)
+    P = np.exp(logp - top[:, None])  # (tokens, experts), each row's largest entry 1
     out = np.empty(len(W))
     for a in range(0, len(W), CHUNK):
         mixed = P @ W[a:a + CHUNK].T  # (tokens, chunk)
         with np.errstate(divide="ignore"):
-            out[a:a + CHUNK] = -(np.log(mixed).sum(0) + top.sum()) / (np.log(2) * n_bytes)
+            out[a:a + CHUNK] = -(coef @ np.log(mixed) + coef @ top)
     return out
 
 
-class ExpertFeature:
-    """`ensemble_bpb` of the experts, as a function of mixtures. With `max_tokens`, on a fixed
-    random sample of that many target tokens (the same for every mixture), so that scoring a
-    pool of 100k candidates stays cheap; the line `ExpertPrior` fits absorbs the scale."""
+def ensemble_bpb(logp: np.ndarray, n_bytes: float, W: np.ndarray) -> np.ndarray:
+    """Bits per byte of the experts' ensemble on text of `n_bytes` UTF-8 bytes (`ensemble_loss`)."""
+    return ensemble_loss(logp, np.full(len(logp), 1.0 / (np.log(2) * n_bytes)), W)
 
-    def __init__(self, logp: np.ndarray, n_bytes: int, max_tokens: int = 0, seed: int = 0):
-        logp = np.asarray(logp, np.float32)
+
+class ExpertFeature:
+    """`ensemble_loss` of the experts, as a function of mixtures. With `max_tokens`, on a fixed
+    random sample of that many target tokens (the same for every mixture, their weights scaled
+    up to stand for all), so that scoring a pool of 100k candidates stays cheap."""
+
+    def __init__(self, logp: np.ndarray, coef: np.ndarray, max_tokens: int = 0, seed: int = 0):
+        logp, coef = np.asarray(logp, np.float32), np.asarray(coef, np.float64)
         if max_tokens and len(logp) > max_tokens:
             pick = np.sort(np.random.default_rng(seed).choice(len(logp), max_tokens, replace=False))
-            n_bytes = n_bytes * max_tokens / len(logp)
-            logp = logp[pick]
-        self.logp, self.n_bytes = logp, n_bytes
+            logp, coef = logp[pick], coef[pick] * len(logp) / max_tokens
+        self.logp, self.coef = logp, coef
 
     def __call__(self, W: np.ndarray) -> np.ndarray:
-        return ensemble_bpb(self.logp, self.n_bytes, W)
+        return ensemble_loss(self.logp, self.coef, W)
 
 
 class ExpertPrior:

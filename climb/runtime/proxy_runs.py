@@ -351,18 +351,50 @@ def _save_state(path: Path | None, state: dict) -> None:
         torch.save(state, tmp)
 
 
+def expert_terms(target_cfg: TargetConfig) -> list[str]:
+    """The objective's terms an expert can score (each bpb or <task>/gold_loss_per_byte), or
+    raise InputError naming the one it cannot."""
+    bad = [m for m in target_cfg.objective if m != "bpb" and not m.endswith("/gold_loss_per_byte")]
+    if bad:
+        raise InputError(f"search.experts scores an objective of bits per byte and gold losses per byte; "
+                         f"{bad} is neither (an accuracy cannot be read from token probabilities)")
+    return list(target_cfg.objective)
+
+
 def _save_logprobs(path: Path, model, tok, task: ProxyTask, device: str) -> None:
-    """The target texts' per-token log-probabilities (float32) and their UTF-8 bytes, as
-    {path} (.npy) and {path}.json."""
-    from climb.io.files import write_json, write_npy
-    from proxies.evaluate import token_logprobs
-    texts = load_target(task.target, Path(task.run_dir))["texts"]
-    if not texts:
-        raise InputError("expert features need target.texts; the target has none")
-    logp, n_bytes = token_logprobs(model, tok, texts, device=device, bf16=False)
+    """The log-probability (float32) of every target token the objective scores, as {path}
+    (.npy), and each token's weight in the objective as {path stem}.coef.npy: the
+    objective is then -sum(coef * logp), the mean of its terms (bpb: the target texts'
+    tokens over ln 2 x bytes; a task's gold loss per byte: each item's gold continuation
+    over its bytes and the task's items)."""
+    from climb.io.files import write_npy
+    from proxies.evaluate import gold_token_logprobs, token_logprobs
+    target = load_target(task.target, Path(task.run_dir))
+    terms = expert_terms(task.target)
+    logps, coefs = [], []
+    for term in terms:
+        if term == "bpb":
+            lp, n_bytes = token_logprobs(model, tok, target["texts"], device=device, bf16=False)
+            logps.append(lp)
+            coefs.append(np.full(len(lp), 1.0 / (math.log(2) * n_bytes)))
+            continue
+        name = term.rsplit("/", 1)[0]
+        if name not in target["tasks"]:
+            raise InputError(f"target.objective names {term}, but target.tasks has no {name!r}")
+        items = gold_token_logprobs(model, tok, target["tasks"][name], device=device, bf16=False)
+        for lp, n_bytes in items:
+            logps.append(lp)
+            coefs.append(np.full(len(lp), 1.0 / (n_bytes * len(items))))
+    logp = np.concatenate(logps).astype(np.float32)
+    coef = np.concatenate(coefs) / len(terms)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_npy(path, logp)
-    write_json(path.with_suffix(".json"), {"tokens": int(len(logp)), "bytes": int(n_bytes)})
+    write_npy(coef_path(path), coef)
+
+
+def coef_path(logprobs: Path) -> Path:
+    """Where the weights of the tokens in an expert's log-probabilities file are kept."""
+    return logprobs.with_name(logprobs.stem + ".coef.npy")
 
 
 def eval_steps(steps: int, points: int, evals: int) -> list[int]:

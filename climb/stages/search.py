@@ -35,7 +35,7 @@ from climb.optimize.quality import (MIN_OOF_SPEARMAN, MIN_SNR, fmt_comparison, o
                                     pooled_noise, snr, warnings)
 from climb.runtime import results as results_log
 from climb.runtime.device import proxy_processes
-from climb.runtime.proxy_runs import ProxyTask, stack_size, train_and_score, train_and_score_group
+from climb.runtime.proxy_runs import ProxyTask, coef_path, stack_size, train_and_score, train_and_score_group
 from climb.runtime.stage import RunPaths, execute, upstream_key
 from climb.stages.tokenization import cluster_tokens
 
@@ -311,9 +311,10 @@ EXPERT_TOKENS = 8192
 
 def experts_feature(cfg: RunConfig, paths: RunPaths, ex, space: dict):
     """With `search.experts`: train one expert per usable cluster (that fraction of the proxies'
-    steps, on that cluster alone, the search's seed), keep its per-token log-probabilities on
-    the target texts, and return the mixtures' expert-ensemble bpb as a function of weights
-    (climb.optimize.experts). None without experts."""
+    steps, on that cluster alone, the search's seed), keep its per-token log-probabilities of
+    what the objective scores (target texts, tasks' gold continuations), and return the
+    mixtures' expert-ensemble objective as a function of weights (climb.optimize.experts).
+    None without experts."""
     from dataclasses import replace as dc_replace
 
     from climb.optimize.experts import ExpertFeature
@@ -327,7 +328,7 @@ def experts_feature(cfg: RunConfig, paths: RunPaths, ex, space: dict):
     have = read_json(out_file) if out_file.exists() else {}
     k = len(space["usable"])
     todo = [c for c in clusters if results_log.retry(have.get(f"expert-{c:03d}"), search_cfg.retry_failed)
-            or not paths.search.expert_logprobs(c).exists()]
+            or not coef_path(paths.search.expert_logprobs(c)).exists()]
     tasks = [dc_replace(proxy_task(cfg, paths, f"expert-{c:03d}", -3, np.eye(k)[c], search_cfg.seed), proxy=proxy,
                         logprobs=str(paths.search.expert_logprobs(c))) for c in todo]
 
@@ -342,8 +343,8 @@ def experts_feature(cfg: RunConfig, paths: RunPaths, ex, space: dict):
         raise RuntimeError(f"the experts of clusters {bad} failed (see {out_file}); a rerun trains them again, "
                            "or set search.experts = 0")
     logp = np.stack([np.load(paths.search.expert_logprobs(c)) for c in clusters], 1)
-    n_bytes = read_json(paths.search.expert_logprobs(clusters[0]).with_suffix(".json"))["bytes"]
-    feature = ExpertFeature(logp, n_bytes, max_tokens=EXPERT_TOKENS, seed=search_cfg.seed)
+    coef = np.load(coef_path(paths.search.expert_logprobs(clusters[0])))
+    feature = ExpertFeature(logp, coef, max_tokens=EXPERT_TOKENS, seed=search_cfg.seed)
     cols = np.array(clusters)
     return lambda W: feature(np.asarray(W, float)[:, cols])
 
