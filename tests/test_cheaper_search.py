@@ -184,7 +184,9 @@ def _scripted(calls):
     return run
 
 
-def test_halving_stops_the_right_proxies_and_counts_what_they_cost(tmp_path, monkeypatch):
+def _halving_search(tmp_path, monkeypatch):
+    """A finished search of 8 -> 8 -> 4 proxies halving at a quarter of 40 steps, on the
+    scripted trainer; (cfg, paths, the trainer's calls)."""
     cfg, paths, _, _ = prepare(tmp_path, monkeypatch, "search.iterations=[8, 8, 4]", "search.replicates=0",
                                "executor.processes=1")
     cfg = dataclasses.replace(cfg, proxy=dataclasses.replace(cfg.proxy, command="", steps=40),
@@ -193,6 +195,11 @@ def test_halving_stops_the_right_proxies_and_counts_what_they_cost(tmp_path, mon
     monkeypatch.setattr(proxy_runs, "_builtin", _scripted(calls))
     tokenization.run(cfg, paths)
     search.run(cfg, paths)
+    return cfg, paths, calls
+
+
+def test_halving_stops_the_right_proxies_and_counts_what_they_cost(tmp_path, monkeypatch):
+    cfg, paths, calls = _halving_search(tmp_path, monkeypatch)
     recs = {r["mixture_id"]: r for r in search.read_results(paths)}
     for it in (0, 1):
         rungs = json.loads(paths.search.rungs(it).read_text())
@@ -201,7 +208,6 @@ def test_halving_stops_the_right_proxies_and_counts_what_they_cost(tmp_path, mon
         went_on = [m for m in rungs if "rung" in recs[m]]
         # The best quarter by the value at the rung continued, and (from the second iteration on,
         # with a curve model) any within its band; the rest stopped.
-        assert sorted(by_rung[:2]) == sorted(went_on[:2]) or set(by_rung[:2]) <= set(went_on)
         assert set(went_on) == set(by_rung[:len(went_on)]) and 2 <= len(went_on) <= 4
         for m in rungs:
             r = recs[m]
@@ -226,14 +232,7 @@ def test_halving_stops_the_right_proxies_and_counts_what_they_cost(tmp_path, mon
 
 
 def test_a_halving_search_killed_in_its_continuations_resumes_to_the_same_outputs(tmp_path, monkeypatch):
-    cfg, paths, _, _ = prepare(tmp_path, monkeypatch, "search.iterations=[8, 8, 4]", "search.replicates=0",
-                               "executor.processes=1")
-    cfg = dataclasses.replace(cfg, proxy=dataclasses.replace(cfg.proxy, command="", steps=40),
-                              search=dataclasses.replace(cfg.search, halving=(0.25, 0.25)))
-    calls: list = []
-    monkeypatch.setattr(proxy_runs, "_builtin", _scripted(calls))
-    tokenization.run(cfg, paths)
-    search.run(cfg, paths)
+    cfg, paths, calls = _halving_search(tmp_path, monkeypatch)
     want = search.read_results(paths)
     # A kill after the second iteration's first continuation: its rungs and checkpoints on
     # disk, the log up to that record.
