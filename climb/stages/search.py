@@ -13,6 +13,13 @@ the predictor rates best, or the predicted best / mean of the top k); it is then
 compared with the uniform and natural mixtures by training fresh proxies with
 seeds the search never used (`search.eval_seeds` per mixture).
 
+Two settings spend less proxy compute on the same choice (README, "Spending less
+on proxies"): `search.halving` trains every proxy of an iteration but the last to a
+rung, scores it there and continues only the best (from a checkpoint), the rest
+entering the predictor at the value the curve model predicts; `search.experts`
+first trains one expert per cluster and lets the predictor fit a line in each
+mixture's expert-ensemble objective.
+
 Every proxy result is appended to `search/results.jsonl` as it arrives (see
 climb/runtime/results.py) and the plan of each iteration is saved first, so a killed
 search resumes at proxy granularity; a resumed search trains failed proxies
