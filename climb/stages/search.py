@@ -311,8 +311,9 @@ def _oof(cfg: RunConfig, results: list[dict]) -> float | None:
                         seed=cfg.search.seed)
 
 
-# Target tokens the expert feature scores candidate pools on (a fixed random sample): the
-# pool's ensemble bpb over every token of the demo's target took tens of seconds per iteration.
+# Target tokens the expert feature scores candidate pools on (a fixed random sample). On the
+# demo (84,762 target tokens, 16 experts, a pool of 50,000) every token took 57 s a pool and
+# 8,192 of them 2.3 s, ranking the pool alike (Spearman 0.9996; 2 cores, other runs going).
 EXPERT_TOKENS = 8192
 
 
