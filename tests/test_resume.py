@@ -29,7 +29,12 @@ def test_killed_embed_resumes_at_the_missing_shard(tmp_path, fake_model, make_do
     seen_before = fake_model.texts_seen
     stats = embed.run(cfg, paths)
     assert fake_model.texts_seen - seen_before == 60  # only shards 1 and 2 (30 docs each) re-embedded
-    assert stats["docs"] == 90
+    assert stats["docs"] == 90 and stats["resumed_shards"] == 1 and stats["docs_per_s"] > 0
+    # Its speed is that of the shards embedded now: with every shard done before, it has none
+    # (it used to count their documents as embedded in no time).
+    paths.manifest("embed").unlink()
+    again_stats = embed.run(cfg, paths)
+    assert again_stats["resumed_shards"] == 3 and again_stats["docs_per_s"] is None
     again = [np.load(tmp_path / "run" / "embed" / f"part-0000{i}.npy") for i in range(3)]
     for a, b in zip(full, again):
         np.testing.assert_array_equal(a, b)

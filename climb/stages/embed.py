@@ -209,10 +209,14 @@ def _embed(cfg: RunConfig, files: list[Path | str], folder: Path, ex) -> dict:
     for r in results:
         skip.update(r.get("skipped", {}))
     secs = time.time() - t0
+    # A resumed stage's speed is that of the shards embedded now: those done before cost nothing.
+    fresh = sum(r["docs"] for r in results if not r.get("resumed"))
+    resumed = sum(bool(r.get("resumed")) for r in results)
     stats = {"docs": docs, "shards": [r["shard"] for r in results], "skipped": dict(skip),
-             "docs_per_s": round(docs / max(secs, 1e-9), 1), "device": resolve_device(cfg.embed.device),
-             "model": cfg.embed.model,
+             "docs_per_s": round(fresh / max(secs, 1e-9), 1) if fresh else None, "resumed_shards": resumed,
+             "device": resolve_device(cfg.embed.device), "model": cfg.embed.model,
              "backend": sorted({r["backend"] for r in results if r.get("backend")})}
-    log.info("embed: %d docs from %d shards, %.0f docs/s, skipped %s", docs, len(files),
-             stats["docs_per_s"], dict(skip) or "none")
+    log.info("embed: %d docs from %d shards%s, %s docs/s, skipped %s", docs, len(files),
+             f" ({resumed} done before)" if resumed else "",
+             "n/a" if stats["docs_per_s"] is None else f"{stats['docs_per_s']:.0f}", dict(skip) or "none")
     return stats
