@@ -286,10 +286,7 @@ def test_a_cheaper_search_runs_end_to_end_on_the_builtin_trainer(tmp_path, monke
         assert all(r["tokens"] == full and r["curve"]["step"][-1] == 24 for r in went_on)
         assert stats["stopped_proxies"] == len(stopped)
         assert by["search"]["tokens"] < len(recs) * full
-        from climb import pipeline
-        pipeline.run_stage("report", cfg, paths.root)
-        page = (paths.root / "report" / "report.md").read_text()
-        assert f"{len(stopped)} stopped at 0.25 of their steps by successive halving" in page
+        assert f"{len(stopped)} stopped at 0.25 of their steps by successive halving" in _report(cfg, paths)
     else:
         experts = json.loads(paths.search.experts.read_text())
         k = stats["clusters"]
@@ -304,3 +301,13 @@ def test_a_cheaper_search_runs_end_to_end_on_the_builtin_trainer(tmp_path, monke
             lp = np.load(paths.search.expert_logprobs(c))
             e = experts[f"expert-{c:03d}"]["objective"]
             assert -(coef * lp.astype(np.float64)).sum() == pytest.approx(e, rel=1e-5)
+        assert "after one expert per cluster trained 0.5 of the steps" in _report(cfg, paths)
+    # The summary's proxy count is the account's: experts and stopped proxies included.
+    summary = json.loads((paths.root / "report" / "summary.json").read_text())
+    assert summary["proxies_trained"] == summary["compute"]["total"]["proxies"]
+
+
+def _report(cfg, paths) -> str:
+    from climb import pipeline
+    pipeline.run_stage("report", cfg, paths.root)
+    return (paths.root / "report" / "report.md").read_text()

@@ -54,6 +54,6 @@ def search_summary(cfg: RunConfig, paths: RunPaths, n_results: int, n_clusters: 
                                                     "predictor_oof_spearman", "warnings")},
             "proxies_trained": sstats.get("proxies", n_results) + sstats.get("replicate_proxies", 0)
             + sstats.get("comparison_proxies", len(comp) * cfg.search.eval_seeds)
-            + sstats.get("one_shot_proxies", 0),
+            + sstats.get("one_shot_proxies", 0) + sstats.get("expert_proxies", 0),
             "clusters": n_clusters,
             "compute": compute_account(paths)}
