@@ -228,11 +228,13 @@ def loss_curve(losses: list[float], tokens_per_step: int, points: int) -> dict:
 
 def run_stats(losses: list[float], train_cfg: TrainConfig, tokens_per_step: int, seconds: float,
               num_params: int) -> dict:
-    """The stats dict a trainer returns for one proxy (see ``train``)."""
-    tail = max(1, math.ceil(0.1 * train_cfg.steps))
-    tokens = train_cfg.steps * tokens_per_step
+    """The stats dict a trainer returns for one proxy (see ``train``), over the steps whose
+    losses are given: all of ``train_cfg.steps``, or a paused run's so far."""
+    steps = len(losses)
+    tail = max(1, math.ceil(0.1 * steps))
+    tokens = steps * tokens_per_step
     return {
-        "steps": train_cfg.steps,
+        "steps": steps,
         "tokens": tokens,
         "seconds": seconds,
         "tokens_per_s": tokens / max(seconds, 1e-9),
@@ -325,11 +327,8 @@ def train(
         if stop_at is not None:
             state = _pause(stop_at, model, optimizer, losses, tail_avg, seconds, device)
             model.eval()
-            part = losses[:stop_at].tolist()
-            return model, {"steps": stop_at, "tokens": stop_at * tokens_per_step, "seconds": seconds,
-                           "tokens_per_s": stop_at * tokens_per_step / max(seconds, 1e-9), "losses": part,
-                           "num_params": model.num_params(), "finite": all(math.isfinite(v) for v in part),
-                           "state": state}
+            return model, {**run_stats(losses[:stop_at].tolist(), train_cfg, tokens_per_step, seconds,
+                                       model.num_params()), "state": state}
         loss_list = losses.tolist()
         tail_avg.copy_to(model)
 

@@ -33,6 +33,7 @@ from scipy.spatial import cKDTree
 from scipy.stats import norm
 
 from climb.config import SEARCH_ACQUISITIONS
+from climb.optimize.experts import ExpertPrior
 from climb.optimize.gp import GPPredictor, blas_one_thread
 from climb.optimize.predictor import BlendPredictor
 
@@ -50,7 +51,6 @@ def spread_model(model, X_seen, y_seen, seed: int = 0) -> GPPredictor:
         return model
     if isinstance(model, BlendPredictor) and isinstance(model.models[0], GPPredictor):
         return model.models[0]
-    from climb.optimize.experts import ExpertPrior
     if isinstance(model, ExpertPrior):  # the spread of what the experts' line leaves
         return spread_model(model.base, X_seen, model.residual, seed)
     return GPPredictor(seed=seed).fit(X_seen, y_seen)

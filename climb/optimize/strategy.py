@@ -35,6 +35,7 @@ from scipy.spatial import cKDTree
 
 from climb.config import SEARCH_FINALS
 from climb.optimize.acquisition import ACQUISITIONS, select_batch
+from climb.optimize.experts import ExpertPrior
 from climb.optimize.predictor import goal_sign, make_predictor, propose
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,6 @@ def row_index(rows: np.ndarray, pool: np.ndarray, tol: float = 1e-9) -> np.ndarr
 def _fit(strategy: Strategy, X, y, seed: int):
     model = make_predictor(strategy.predictor, seed=seed)
     if strategy.prior is not None:
-        from climb.optimize.experts import ExpertPrior
         model = ExpertPrior(model, strategy.prior)
     return model.fit(np.asarray(X, float), np.asarray(y, float))
 

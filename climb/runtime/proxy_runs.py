@@ -322,8 +322,7 @@ def _builtin(task: ProxyTask, deadline: float | None = None) -> tuple[dict, int,
                          on_point=lambda step, m: scored.__setitem__(step, evaluate_task_metrics(m, tok, task, device)),
                          points=evals, stop_at=task.stop_at or None, resume=resume)
     metrics = evaluate_task_metrics(model, tok, task, device)
-    losses = stats["losses"]
-    metrics["train_loss"] = float(stats.get("final_loss", np.mean(losses[-max(1, math.ceil(0.1 * len(losses))):])))
+    metrics["train_loss"] = float(stats["final_loss"])
     if task.stop_at:
         _save_state(ckpt, {**stats.pop("state"), "scored": scored})
     if task.logprobs:
