@@ -2,11 +2,15 @@
 
 Layout under ``out_dir``::
 
-    parts/{shard}/cluster_00003.bin   raw token ids of the shard's docs in cluster 3
+    parts/{shard}/cluster_00003.bin   raw token ids of the shard's docs in cluster 3 (until merged)
     parts/{shard}/doc_tokens.npy      tokens (EOS included) of each of the shard's docs, in order
     parts/{shard}/done.json           shard stats; written last, so its presence means complete
     cluster_00003.bin                 all shards' parts concatenated in the given order
     index.json                        {dtype, n_clusters, tokens, bytes, docs, shards}; written last
+
+Once the merge is complete the parts' token files are dropped (``drop_merged_parts``):
+they would hold every token a second time. A part without them counts as not
+tokenized, so a store that has to be merged again tokenizes its shards again.
 
 Every document is tokenized with EOS appended, so documents inside a cluster file
 are separated by EOS exactly as in the proxies' training stream.  ``bytes`` counts
@@ -17,6 +21,7 @@ Usage::
     from proxies.tokens import write_shard_tokens, merge_token_stores, TokenStore
     write_shard_tokens(texts, cluster_ids, tok, "runs/x/tokens", "shard-000")   # per shard, any process
     merge_token_stores("runs/x/tokens", ["shard-000", "shard-001"], n_clusters=64)
+    drop_merged_parts("runs/x/tokens", ["shard-000", "shard-001"])                   # optional
     store = TokenStore("runs/x/tokens"); store.array(3)  # np.memmap
 
 Tested by ``pytest tests/test_proxies_data.py``.
@@ -90,8 +95,8 @@ def write_shard_tokens(
         if not bad:
             logger.info("shard %s already tokenized (%s); skipping", shard_name, done)
             return stats
-        # Parts written twice (two writers) or cut short: tokenize the shard again.
-        logger.warning("shard %s: %s does not match %s; tokenizing it again", shard_name, bad, done)
+        # Parts written twice (two writers), cut short, or dropped after a merge: tokenize the shard again.
+        logger.warning("shard %s: %s is missing or does not match %s; tokenizing it again", shard_name, bad, done)
         done.unlink()
 
     clusters = np.asarray(clusters)
@@ -260,6 +265,21 @@ def merge_token_stores(out_dir: str | Path, shard_names: Sequence[str], n_cluste
     _write_json_atomic(index_path, index)
     logger.info("merged %d shards into %s: %d tokens", len(shard_names), out_dir, sum(tokens))
     return index
+
+
+def drop_merged_parts(out_dir: str | Path, shard_names: Sequence[str]) -> int:
+    """Delete the shard parts' token files once the merged store is complete; returns the
+    bytes freed. ``doc_tokens.npy`` and ``done.json`` stay (the export sizes documents by the
+    first). Refuses, deleting nothing, while the merged store is incomplete."""
+    out_dir = Path(out_dir)
+    if not store_is_complete(out_dir):
+        raise RuntimeError(f"{out_dir}: the merged store is not complete; its parts are still needed")
+    freed = 0
+    for name in shard_names:
+        for f in (out_dir / "parts" / name).glob("cluster_*.bin"):
+            freed += f.stat().st_size
+            f.unlink()
+    return freed
 
 
 class TokenStore:

@@ -112,3 +112,22 @@ def test_doubled_token_part_is_tokenized_again(tmp_path):
     assert not store_is_complete(out)
     merge_token_stores(out, ["s0"], 2)
     assert store_is_complete(out) and TokenStore(out).array(0).size == len(good) // 2
+
+
+def test_damaged_merged_store_after_its_parts_were_dropped_is_tokenized_again(clustered):
+    """The parts' token files go once merged; a merged cluster file cut short later makes the
+    stage tokenize the shards again and merge the same bytes."""
+    from proxies.tokens import drop_merged_parts
+    cfg, paths = clustered
+    tokenization.run(cfg, paths)
+    store = paths.tokenize.store
+    assert not list((store / "parts").glob("*/cluster_*.bin"))
+    merged = {f.name: f.read_bytes() for f in store.glob("cluster_*.bin")}
+    victim = max(store.glob("cluster_*.bin"), key=lambda f: f.stat().st_size)
+    _cut_in_half(victim)
+    with pytest.raises(RuntimeError, match="not complete"):
+        drop_merged_parts(store, ["part-00000"])  # nothing is dropped while the store is damaged
+    tokenization.run(cfg, paths)
+    assert {f.name: f.read_bytes() for f in store.glob("cluster_*.bin")} == merged
+    assert not list((store / "parts").glob("*/cluster_*.bin"))
+    assert all((store / "parts" / s / "doc_tokens.npy").exists() for s in ("part-00000", "part-00001"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from climb.stages import embed
 from climb.config import load_config
@@ -42,9 +43,11 @@ def test_killed_embed_resumes_at_the_missing_shard(tmp_path, fake_model, make_do
     assert embed.run(cfg, paths).get("skipped_stage") is True
 
 
-def test_killed_tokenize_resumes_at_the_shard_in_flight(tmp_path, fake_model, make_docs, write_shards):
+def test_killed_tokenize_resumes_at_the_shard_in_flight(tmp_path, fake_model, make_docs, write_shards,
+                                                        monkeypatch):
     """A kill during shard 1 of 3: shard 0 is kept as it is, shard 1 (cut short) and 2 are
-    tokenized, and the merged store is the undisturbed one byte for byte."""
+    tokenized, and the merged store is the undisturbed one byte for byte. Once merged, the
+    parts' token files are gone and their document counts stay."""
     from climb.stages import cluster, tokenization
     write_shards(tmp_path / "corpus", make_docs(30), 3)
     cfg = load_config(None, [f'corpus.paths=["{tmp_path}/corpus/*.parquet"]', "cluster.k=4", "cluster.niter=10",
@@ -56,12 +59,23 @@ def test_killed_tokenize_resumes_at_the_shard_in_flight(tmp_path, fake_model, ma
     store = paths.tokenize.store
     merged = {f.name: f.read_bytes() for f in store.iterdir() if f.is_file()}
     parts = store / "parts"
-    kept = {f: f.stat().st_mtime_ns for f in (parts / "part-00000").iterdir()}
+    assert not list(parts.glob("*/cluster_*.bin"))
+    assert all((parts / p / "doc_tokens.npy").exists() for p in ("part-00000", "part-00001", "part-00002"))
 
+    # The state a kill leaves after every shard's part and before the merge.
     paths.manifest("tokenize").unlink()
     for f in list(store.iterdir()):
         if f.is_file():
-            f.unlink()  # the merge never ran
+            f.unlink()
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr("proxies.tokens.merge_token_stores", killed)
+        with pytest.raises(KeyboardInterrupt):
+            tokenization.run(cfg, paths)
+    assert len(list(parts.glob("*/cluster_*.bin"))) > 3  # dropped parts were tokenized again
+    kept = {f.name: f.stat().st_mtime_ns for f in (parts / "part-00000").iterdir()}
     (parts / "part-00001" / "done.json").unlink()
     for f in (parts / "part-00001").glob("cluster_*.bin"):
         f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # a write cut short
@@ -70,9 +84,11 @@ def test_killed_tokenize_resumes_at_the_shard_in_flight(tmp_path, fake_model, ma
     (parts / "part-00002").rmdir()
 
     tokenization.run(cfg, paths)
-    assert {f: f.stat().st_mtime_ns for f in (parts / "part-00000").iterdir()} == kept
+    after = {f.name: f.stat().st_mtime_ns for f in (parts / "part-00000").iterdir()}
+    assert after == {n: t for n, t in kept.items() if not n.startswith("cluster_")}  # not tokenized again
     assert (parts / "part-00001" / "done.json").exists() and (parts / "part-00002" / "done.json").exists()
     assert {f.name: f.read_bytes() for f in store.iterdir() if f.is_file()} == merged
+    assert not list(parts.glob("*/cluster_*.bin"))
 
 
 def test_a_stage_folder_from_before_the_state_file_was_renamed_resumes(tmp_path):

@@ -10,10 +10,11 @@ one token file per cluster (proxies.tokens). Outputs, under `<run>/tokenize/`:
 - `tokens/`: `cluster_XXXXX.bin` (token ids, EOS after each document),
   `index.json` (tokens and bytes per cluster), and `parts/<shard>/`, whose
   `doc_tokens.npy` gives each kept document's token count (EOS included) in
-  corpus order: the export sizes documents by it.
+  corpus order: the export sizes documents by it. The parts' own token files
+  are deleted once the merge is complete (they would hold every token twice).
 
 A shard whose part is complete is not tokenised again, so a killed stage resumes
-shard by shard. The search trains proxies on the store; the export counts and
+shard by shard; a merged store found damaged later tokenises its shards again. The search trains proxies on the store; the export counts and
 cuts documents with the tokenizer.
 
     climb tokenize --config pipelines/demo.toml --run runs/demo
@@ -97,7 +98,7 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
 
 def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     from proxies.tokenizer import load_tokenizer, train_bpe
-    from proxies.tokens import TokenStore, merge_token_stores, store_is_complete
+    from proxies.tokens import TokenStore, drop_merged_parts, merge_token_stores, store_is_complete
     out = paths.tokenize
     if out.tokenizer.exists():
         tok = load_tokenizer(out.tokenizer)
@@ -113,6 +114,10 @@ def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
                               assignments=str(paths.cluster.assignments(s)), store=str(out.store)) for s in names]
         ex.map(tokenize_shard, tasks, desc="tokenize")
         merge_token_stores(out.store, names, paths.n_clusters())
+    # The parts' token files would hold every token a second time (half the folder at 1M documents).
+    freed = drop_merged_parts(out.store, names)
+    if freed:
+        log.info("tokenize: merged; dropped the shard parts' token files (%.1f MB)", freed / 1e6)
     store = TokenStore(out.store)
     vocab = tok.vocab_size
     log.info("tokenize: %d tokens in %d clusters from %d shards (vocabulary %d)", int(store.tokens.sum()),
