@@ -91,3 +91,32 @@ def test_a_run_without_baselines_is_judged_against_its_pairs_own(tmp_path):
     _with_comparison(a[1], [2.0, 2.01, 2.0], natural=(0.4, 0.6))
     with pytest.raises(SystemExit, match="different natural mixtures"):
         compare(a, b, margin=0.01, baselines_from_b=True)
+
+
+def test_cheaper_search_bench_runs_share_one_base_copied_with_its_mtimes(tmp_path, monkeypatch):
+    """--preset bench: embed, cluster and tokenize once in the base folder; every run is a copy
+    of it (modification times kept, so its manifests hold) on which only the search runs."""
+    import os
+    from benchmarks import cheaper_search as cs
+    calls = []
+
+    def fake_climb(args, log_path):
+        calls.append(args)
+        run = args[args.index("--run") + 1]
+        stage = "tokenize" if args[0] == "tokenize" else "search"
+        (tmp_path / run / stage).mkdir(parents=True, exist_ok=True)
+        (tmp_path / run / stage / "manifest.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cs, "_climb", fake_climb)
+    preset = cs.PRESETS["bench"]
+    cs.train(tmp_path / "runs" / "d10", 10, preset["default_sets"], baselines=True, preset=preset)
+    base_manifest = tmp_path / preset["base"] / "tokenize" / "manifest.json"
+    os.utime(base_manifest, ns=(1, 123456789))
+    cs.train(tmp_path / "runs" / "e10", 10, cs.ARMS["E"], baselines=False, preset=preset)
+    cs.train(tmp_path / "runs" / "e10", 10, cs.ARMS["E"], baselines=False, preset=preset)  # finished: nothing runs
+    assert [c[0] for c in calls] == ["tokenize", "search", "search"]
+    assert (tmp_path / "runs" / "e10" / "tokenize" / "manifest.json").stat().st_mtime_ns == 123456789
+    d, e = calls[1], calls[2]
+    assert "search.seed=10" in d and 'search.baselines=["uniform","natural"]' in d and "corpus.max_shards=2" in d
+    assert "search.seed=10" in e and "search.experts=0.25" in e and "search.baselines=[]" in e
+    assert d[d.index("--config") + 1] == "pipelines/bench.toml"
