@@ -184,7 +184,7 @@ def bench_overhead(small: Path, target: Path, work: Path, results: list, details
     from climb.stages.search import read_results
     sets = [f'corpus.paths=["{small}/*.parquet"]', 'corpus.build=""', "embed.max_seq_length=64",
             "cluster.k=8", "proxy.vocab_size=512", "proxy.tokenizer_docs=600", f"proxy.steps={steps}",
-            "proxy.warmup_steps=3", "search.iterations=[4,2]", "search.pool_size=5000",
+            "proxy.warmup_steps=3", "search.iterations=[4,2]", "search.experts=0", "search.pool_size=5000",
             f'target.texts=["{target}"]', "export.token_budget=50000", 'embed.device="cpu"', 'proxy.device="cpu"']
     walls, stages = {}, {}
     for kind in ("local", "dask"):

@@ -17,7 +17,8 @@ from climb.cli import main
 TINY = ["corpus.max_shards=1", "embed.max_seq_length=32", "cluster.k=8", "cluster.niter=10",
         "proxy.vocab_size=320", "proxy.tokenizer_docs=300", "proxy.n_embd=32", "proxy.seq_len=32",
         "proxy.steps=8", "proxy.batch_size=8", "proxy.warmup_steps=2", "search.iterations=[4,2]",
-        "search.pool_size=2000", "export.token_budget=20000", 'proxy.swarm="stacked"']
+        "search.pool_size=2000", "export.token_budget=20000", 'proxy.swarm="stacked"',
+        "search.experts=0"]  # the stacked swarm path (experts train one per worker; test_cheaper_search)
 
 
 @pytest.fixture(scope="module")

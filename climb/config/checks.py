@@ -39,6 +39,8 @@ def check_config(cfg: RunConfig) -> None:
     if not 0 <= cfg.search.experts <= 1:
         raise ConfigError(f"search.experts is the fraction of the proxies' steps an expert trains, in [0, 1] "
                           f"(0: no experts); got {cfg.search.experts}")
+    if cfg.proxy.command:  # the command itself first, then what it cannot do
+        check_command(cfg.proxy.command)
     if (cfg.search.halving or cfg.search.experts) and (cfg.proxy.command or cfg.proxy.lookup):
         raise ConfigError("search.halving and search.experts need the built-in proxy trainer (they pause and "
                           "resume proxies, or read their token probabilities); unset proxy.command / proxy.lookup "
@@ -67,8 +69,6 @@ def check_config(cfg: RunConfig) -> None:
         raise ConfigError(f"search.epoch_cap must be positive, got {cfg.search.epoch_cap}")
     if cfg.export.long_docs not in ("truncate", "skip"):
         raise ConfigError(f"export.long_docs must be 'truncate' or 'skip', got {cfg.export.long_docs!r}")
-    if cfg.proxy.command:
-        check_command(cfg.proxy.command)
     if bool(cfg.proxy.lookup) != bool(cfg.proxy.lookup_weights):
         raise ConfigError("proxy.lookup (metrics CSV) and proxy.lookup_weights (weights CSV) go together; set both")
     if cfg.search.acquisition not in SEARCH_ACQUISITIONS:
