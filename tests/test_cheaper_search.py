@@ -301,7 +301,19 @@ def test_a_cheaper_search_runs_end_to_end_on_the_builtin_trainer(tmp_path, monke
             lp = np.load(paths.search.expert_logprobs(c))
             e = experts[f"expert-{c:03d}"]["objective"]
             assert -(coef * lp.astype(np.float64)).sum() == pytest.approx(e, rel=1e-5)
-        assert "after one expert per cluster trained 0.5 of the steps" in _report(cfg, paths)
+        report = _report(cfg, paths)
+        assert "after one expert per cluster trained 0.5 of the steps" in report
+        # How the experts rank the measured mixtures, per iteration, recomputed from the records.
+        from scipy.stats import spearmanr
+        from climb.optimize.experts import ensemble_loss
+        skill = json.loads(paths.search.quality.read_text())["experts_spearman"]
+        assert len(skill) == 3 and "experts' ensemble loss against the measured results" in report
+        logp = np.stack([np.load(paths.search.expert_logprobs(c)) for c in range(k)], 1).astype(np.float64)
+        seen = sorted(recs, key=lambda r: r["mixture_id"])
+        f = ensemble_loss(logp, coef, np.array([r["weights"] for r in seen]))
+        full_skill = spearmanr(f, [r["objective"] for r in seen]).statistic
+        assert logp.shape[0] <= search.EXPERT_TOKENS  # so the feature scores every target token, as here
+        assert skill[-1] == pytest.approx(full_skill, abs=1e-9)
     # The summary's proxy count is the account's: experts and stopped proxies included.
     summary = json.loads((paths.root / "report" / "summary.json").read_text())
     assert summary["proxies_trained"] == summary["compute"]["total"]["proxies"]

@@ -174,6 +174,12 @@ def warnings(q: dict) -> list[str]:
         out.append(f"weak predictor: out-of-fold Spearman {oof[-1]:.2f} at the last iteration (want >= "
                    f"{MIN_OOF_SPEARMAN:g}); the search is close to random search; raise the signal as above "
                    "or train more proxies per iteration (search.iterations)")
+    skill = [v for v in q.get("experts_spearman") or [] if v is not None]
+    if skill and skill[-1] < MIN_OOF_SPEARMAN:
+        out.append(f"weak expert feature: the experts' ensemble loss ranks the measured mixtures with Spearman "
+                   f"{skill[-1]:.2f} at the last iteration (want >= {MIN_OOF_SPEARMAN:g}), so the search rests on "
+                   "its few proxies alone; turn experts off and train more proxies (search.experts = 0, "
+                   "search.iterations), or train the experts longer (a larger search.experts)")
     for name, c in (q.get("comparison") or {}).items():
         if c.get("verdict") == "not resolved":
             out.append(f"not resolved against {name}: the 95% interval of the difference spans zero with "

@@ -182,6 +182,9 @@ def quality_lines(q: dict) -> str:
              f"- signal-to-noise (swarm sd / paired sd): {snr}"
              f" (want >= {q.get('thresholds', {}).get('snr', 2)})",
              f"- predictor out-of-fold Spearman by iteration: {oof or 'n/a'}"]
+    if q.get("experts_spearman") is not None:
+        skill = ", ".join("n/a" if v is None else f"{v:.2f}" for v in q["experts_spearman"])
+        lines.append(f"- experts' ensemble loss against the measured results, Spearman by iteration: {skill or 'n/a'}")
     lines += [f"- **warning**: {w}" for w in q.get("warnings", [])]
     return "\n".join(lines)
 

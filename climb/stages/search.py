@@ -232,6 +232,7 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
 def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     search_cfg = cfg.search
     oof: list = []
+    skill: list = []  # with experts: how the experts' ensemble loss ranks the measured mixtures
     results_log.repair(paths.search.results)
     space = mixture_space(cfg, cluster_tokens(paths))
     results = read_results(paths)
@@ -262,12 +263,14 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         # figures are of the results up to it, as in an undisturbed run.
         so_far = [r for r in results if r["iteration"] <= it]
         oof.append(_oof(cfg, so_far))
+        if prior is not None:
+            skill.append(_experts_skill(cfg, prior, so_far))
         ok = [r for r in so_far if r["status"] == "ok"]
         if ok:
             best = min(ok, key=lambda r: goal_sign(cfg.target.goal) * r["objective"])
-            log.info("after iteration %d: best %s = %.4f (%s); predictor out-of-fold Spearman %s",
+            log.info("after iteration %d: best %s = %.4f (%s); predictor out-of-fold Spearman %s%s",
                      it + 1, ",".join(cfg.target.objective), best["objective"], best["mixture_id"],
-                     _fmt(oof[-1]))
+                     _fmt(oof[-1]), f"; experts' Spearman with the results {_fmt(skill[-1])}" if skill else "")
     results_log.require_successes(results, 2)
     final = final_mixture(cfg, space, results, prior=prior)
     write_json(paths.search.mixture, {**final, "natural": space["natural"].tolist(),
@@ -281,6 +284,8 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         results_log.require_successes([r for per in runs.values() for r in per.values()], 1, "comparison proxies")
     table, verdicts = comparison_table(cfg, runs)
     quality = _quality(cfg, results, reps, runs, oof)
+    if prior is not None:
+        quality["experts_spearman"] = skill
     quality["comparison"] = verdicts
     quality["warnings"] = warnings(quality)
     write_json(paths.search.quality, quality)
@@ -309,6 +314,20 @@ def _oof(cfg: RunConfig, results: list[dict]) -> float | None:
         return None
     return oof_spearman([r["weights"] for r in ok], [r["objective"] for r in ok], cfg.search.predictor,
                         seed=cfg.search.seed)
+
+
+def _experts_skill(cfg: RunConfig, prior, results: list[dict]) -> float | None:
+    """Spearman between the experts' ensemble loss and the measured objective over the results
+    so far, signed so that positive means the experts rank mixtures as the proxies do."""
+    from scipy.stats import spearmanr
+    ok = [r for r in _ok_sorted(results) if r.get("objective") is not None]
+    if len(ok) < 3:
+        return None
+    f = np.asarray(prior(np.array([r["weights"] for r in ok], float)), float)
+    y = goal_sign(cfg.target.goal) * np.array([r["objective"] for r in ok], float)
+    if np.ptp(f) == 0 or np.ptp(y) == 0:
+        return None
+    return float(spearmanr(f, y).statistic)
 
 
 # Target tokens the expert feature scores candidate pools on (a fixed random sample). On the

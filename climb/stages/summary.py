@@ -51,7 +51,7 @@ def search_summary(cfg: RunConfig, paths: RunPaths, n_results: int, n_clusters: 
             "results": {k: float(v) for k, v in comp.items() if v is not None},
             "comparison": sstats.get("verdicts", {}),
             "quality": {k: quality.get(k) for k in ("seed_sd", "paired_sd", "swarm_sd", "snr",
-                                                    "predictor_oof_spearman", "warnings")},
+                                                    "predictor_oof_spearman", "experts_spearman", "warnings")},
             "proxies_trained": sstats.get("proxies", n_results) + sstats.get("replicate_proxies", 0)
             + sstats.get("comparison_proxies", len(comp) * cfg.search.eval_seeds)
             + sstats.get("one_shot_proxies", 0) + sstats.get("expert_proxies", 0),
