@@ -91,7 +91,7 @@ def test_weak_signal_warning_names_what_to_change():
 
 
 def test_an_expert_feature_that_ranks_against_the_results_is_named():
-    # The bench preset's first seed: -0.80, -0.49, -0.26 over its three rounds; the demo's 0.71-1.00.
+    # The bench preset's seed 10: -0.80, -0.49, -0.26 over its three rounds; eleven demo runs end at 0.71-0.98.
     weak = warnings({"snr": 5.0, "experts_spearman": [0.9, -0.49, -0.26]})
     assert len(weak) == 1 and "-0.26" in weak[0] and "search.experts = 0" in weak[0]
     assert warnings({"snr": 5.0, "experts_spearman": [-0.2, 0.71]}) == []  # the last iteration counts
