@@ -210,5 +210,5 @@ def train_stacked(
     per_step = losses.t().tolist()  # syncs the device
     seconds = time.perf_counter() - t0
     tail_avg.copy_to(model)
-    return [(m, {**run_stats(loss_list, train_cfg, tokens_per_step, seconds, m.num_params()), "stacked": P})
+    return [(m, {**run_stats(loss_list, tokens_per_step, seconds, m.num_params()), "stacked": P})
             for m, loss_list in zip(model.unstack(), per_step)]

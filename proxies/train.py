@@ -226,10 +226,9 @@ def loss_curve(losses: list[float], tokens_per_step: int, points: int) -> dict:
             "train_loss": [float(sum(losses[a:b]) / (b - a)) for a, b in zip(starts, ends)]}
 
 
-def run_stats(losses: list[float], train_cfg: TrainConfig, tokens_per_step: int, seconds: float,
-              num_params: int) -> dict:
+def run_stats(losses: list[float], tokens_per_step: int, seconds: float, num_params: int) -> dict:
     """The stats dict a trainer returns for one proxy (see ``train``), over the steps whose
-    losses are given: all of ``train_cfg.steps``, or a paused run's so far."""
+    losses are given: all of a run's steps, or a paused run's so far."""
     steps = len(losses)
     tail = max(1, math.ceil(0.1 * steps))
     tokens = steps * tokens_per_step
@@ -327,12 +326,12 @@ def train(
         if stop_at is not None:
             state = _pause(stop_at, model, optimizer, losses, tail_avg, seconds, device)
             model.eval()
-            return model, {**run_stats(losses[:stop_at].tolist(), train_cfg, tokens_per_step, seconds,
-                                       model.num_params()), "state": state}
+            return model, {**run_stats(losses[:stop_at].tolist(), tokens_per_step, seconds, model.num_params()),
+                           "state": state}
         loss_list = losses.tolist()
         tail_avg.copy_to(model)
 
-    stats = run_stats(loss_list, train_cfg, tokens_per_step, seconds, model.num_params())
+    stats = run_stats(loss_list, tokens_per_step, seconds, model.num_params())
     if not stats["finite"]:
         logger.warning("training diverged: non-finite loss (final_loss=%s)", stats["final_loss"])
     model.eval()

@@ -14,8 +14,9 @@ one token file per cluster (proxies.tokens). Outputs, under `<run>/tokenize/`:
   are deleted once the merge is complete (they would hold every token twice).
 
 A shard whose part is complete is not tokenised again, so a killed stage resumes
-shard by shard; a merged store found damaged later tokenises its shards again. The search trains proxies on the store; the export counts and
-cuts documents with the tokenizer.
+shard by shard; a merged store found damaged later tokenises its shards again.
+The search trains proxies on the store; the export counts and cuts documents
+with the tokenizer.
 
     climb tokenize --config pipelines/demo.toml --run runs/demo
 """
