@@ -323,3 +323,31 @@ def _report(cfg, paths) -> str:
     from climb import pipeline
     pipeline.run_stage("report", cfg, paths.root)
     return (paths.root / "report" / "report.md").read_text()
+
+
+def test_experts_skill_ranks_a_runs_measured_mixtures_by_another_runs_experts(tmp_path):
+    """benchmarks/experts_skill.py: the experts of one run (clusters 0 and 2 of 3) scoring the
+    search proxies of another, against a direct computation."""
+    from scipy.stats import spearmanr
+
+    from benchmarks.experts_skill import skill
+    rng = np.random.default_rng(1)
+    logp = np.log(rng.uniform(0.01, 1.0, size=(50, 2)))
+    coef = np.full(50, 0.02)
+    folder = tmp_path / "experts" / "search" / "experts"
+    folder.mkdir(parents=True)
+    for j, c in enumerate((0, 2)):
+        np.save(folder / f"cluster_{c:03d}.npy", logp[:, j].astype(np.float32))
+        np.save(folder / f"cluster_{c:03d}.coef.npy", coef)
+    W = rng.dirichlet(np.ones(3), size=12)
+    direct = ensemble_loss(logp.astype(np.float32), coef, W[:, [0, 2]])
+    y = direct ** 2 + rng.normal(0, 0.01, 12)  # monotone in the feature, with noise
+    measured = tmp_path / "measured" / "search"
+    measured.mkdir(parents=True)
+    rows = [{"weights": list(w), "objective": float(v), "status": "ok"} for w, v in zip(W, y)]
+    rows.append({"weights": [1 / 3] * 3, "objective": None, "status": "failed"})  # not counted
+    (measured / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = skill(tmp_path / "experts", tmp_path / "measured")
+    assert out["mixtures"] == 12
+    assert out["spearman"] == pytest.approx(spearmanr(direct, y).statistic)
+    assert out["ensemble_range"] == pytest.approx([direct.min(), direct.max()], rel=1e-6)
