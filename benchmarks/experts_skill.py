@@ -6,6 +6,8 @@ of mixtures chosen close together. This measures it on a wider set: the 28 searc
 of the default search's run of the same seed (same corpus, clusters, target and proxy), each
 mixture's measured objective against the ensemble loss of the experts of an experts run.
 Printed per seed: Spearman and Pearson (positive: the experts rank as the proxies do).
+`--cross` also scores every seed's measured mixtures with every other seed's experts, to tell
+whether a low figure comes from the experts (a row) or from the mixtures they rank (a column).
 
     python benchmarks/experts_skill.py --seeds 10 11 --experts 'runs/cbench_E_s{seed}' \
         --measured 'runs/cbench_default_s{seed}'
@@ -90,6 +92,7 @@ def main(argv=None) -> None:
     ap.add_argument("--base", default="runs/cbench_base")
     ap.add_argument("--config", default="pipelines/bench.toml")
     ap.add_argument("--set", action="append", default=[], dest="sets")
+    ap.add_argument("--cross", action="store_true", help="also every seed's experts on every seed's mixtures")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
     out = []
@@ -102,8 +105,17 @@ def main(argv=None) -> None:
               f"(ensemble {r['ensemble_range'][0]:.3f}-{r['ensemble_range'][1]:.3f}, "
               f"measured {r['measured_range'][0]:.4f}-{r['measured_range'][1]:.4f})", flush=True)
         out.append(r)
+    cross = None
+    if args.cross:
+        cross = [[skill(Path(args.experts.format(seed=i)), Path(args.measured.format(seed=j)))["spearman"]
+                  for j in args.seeds] for i in args.seeds]
+        print("Spearman, experts of seed (row) on the measured mixtures of seed (column):")
+        print("      " + " ".join(f"{j:>6}" for j in args.seeds))
+        for i, row in zip(args.seeds, cross):
+            print(f"{i:>6}" + " ".join(f"{v:+6.2f}" for v in row))
     if args.json:
-        write_result(Path(args.json), {"train_fraction": args.train or None, "runs": out}, indent=1)
+        write_result(Path(args.json), {"train_fraction": args.train or None, "runs": out,
+                                       "seeds": args.seeds, "cross_spearman": cross}, indent=1)
 
 
 if __name__ == "__main__":
