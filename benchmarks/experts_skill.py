@@ -23,7 +23,6 @@ as the runs were made, the search seed set per seed; nothing else of the search 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -39,18 +38,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def expert_logprobs(run: Path) -> tuple[list[int], np.ndarray, np.ndarray]:
     """The clusters with an expert in `run`, their log-probabilities (tokens x experts) and the
     tokens' weights in the objective."""
-    folder = run / "search" / "experts"
+    from climb.runtime.proxy_runs import coef_path
+    from climb.runtime.stage import RunPaths
+    where = RunPaths(run).search.expert_logprobs
+    folder = where(0).parent
     clusters = sorted(int(p.name[len("cluster_"):-len(".coef.npy")]) for p in folder.glob("cluster_*.coef.npy"))
     if not clusters:
         raise SystemExit(f"{folder} holds no experts")
-    logp = np.stack([np.load(folder / f"cluster_{c:03d}.npy") for c in clusters], 1)
-    return clusters, logp, np.load(folder / f"cluster_{clusters[0]:03d}.coef.npy")
+    logp = np.stack([np.load(where(c)) for c in clusters], 1)
+    return clusters, logp, np.load(coef_path(where(clusters[0])))
 
 
 def measured(run: Path) -> tuple[np.ndarray, np.ndarray]:
-    """The weights and objective of every search proxy of `run` that finished."""
-    rows = [json.loads(line) for line in (run / "search" / "results.jsonl").read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r.get("status") == "ok" and r.get("objective") is not None]
+    """The weights and objective of every search proxy of `run` that finished (its last record)."""
+    from climb.runtime.stage import RunPaths
+    from climb.stages.search import read_results
+    rows = [r for r in read_results(RunPaths(run)) if r.get("status") == "ok" and r.get("objective") is not None]
     return np.array([r["weights"] for r in rows], float), np.array([r["objective"] for r in rows], float)
 
 

@@ -344,8 +344,10 @@ def test_experts_skill_ranks_a_runs_measured_mixtures_by_another_runs_experts(tm
     y = direct ** 2 + rng.normal(0, 0.01, 12)  # monotone in the feature, with noise
     measured = tmp_path / "measured" / "search"
     measured.mkdir(parents=True)
-    rows = [{"weights": list(w), "objective": float(v), "status": "ok"} for w, v in zip(W, y)]
-    rows.append({"weights": [1 / 3] * 3, "objective": None, "status": "failed"})  # not counted
+    rows = [{"mixture_id": f"it0-{i:03d}", "seed": 0, "weights": list(w), "objective": float(v), "status": "ok"}
+            for i, (w, v) in enumerate(zip(W, y))]
+    rows.append({"mixture_id": "it0-999", "seed": 0, "weights": [1 / 3] * 3, "objective": None,
+                 "status": "failed"})  # not counted
     (measured / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = skill(tmp_path / "experts", tmp_path / "measured")
     assert out["mixtures"] == 12
