@@ -134,15 +134,67 @@ class MixtureSampler:
             which[row] = k
         return which
 
+    def skip(self, batches: int) -> None:
+        """Draw and drop ``batches`` batches: the sampler then continues where a run that
+        trained on them would (a resumed run's fast-forward)."""
+        for _ in range(batches):
+            self.sample_windows()
+
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        buf = self.sample_windows()
-        t = torch.from_numpy(buf)
-        if self._pin:
-            # A fresh pinned tensor per batch: reusing one buffer could be overwritten
-            # while the previous asynchronous copy is still reading it.
-            t = t.pin_memory()
-        t = t.to(self.device, non_blocking=self._pin)
-        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+        return _to_batch(self.sample_windows(), self.device, self._pin)
+
+
+def _to_batch(buf: np.ndarray, device: torch.device, pin: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    t = torch.from_numpy(buf)
+    if pin:
+        # A fresh pinned tensor per batch: reusing one buffer could be overwritten
+        # while the previous asynchronous copy is still reading it.
+        t = t.pin_memory()
+    t = t.to(device, non_blocking=pin)
+    return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+
+class SwitchSampler:
+    """``before``'s batches for the first ``switch_at`` batches, then ``after``'s.
+
+    A run continued from a shared base (a proxy trained on one mixture for its first
+    steps, then on its own) draws from this: trained from scratch it equals, step for
+    step, the base followed by its continuation. The two samplers draw from their own
+    generators, so ``after``'s batches do not depend on what ``before`` drew, and a
+    continuation needs no ``before`` at all (None): skipping past the switch only
+    counts its batches.
+    """
+
+    def __init__(self, before: MixtureSampler | None, after: MixtureSampler, switch_at: int) -> None:
+        if switch_at < 0:
+            raise ValueError(f"switch_at must be >= 0, got {switch_at}")
+        if before is not None and (before.seq_len, before.batch_size) != (after.seq_len, after.batch_size):
+            raise ValueError("both samplers of a SwitchSampler need the same seq_len and batch_size")
+        self.before, self.after, self.switch_at = before, after, int(switch_at)
+        self.seq_len, self.batch_size, self.device = after.seq_len, after.batch_size, after.device
+        self.weights = after.weights
+        self.drawn = 0
+
+    def sample_windows(self) -> np.ndarray:
+        if self.drawn < self.switch_at:
+            if self.before is None:
+                raise ValueError(f"this sampler continues a base from batch {self.switch_at}; it has no sampler "
+                                 f"for batch {self.drawn} (skip the base's batches first)")
+            out = self.before.sample_windows()
+        else:
+            out = self.after.sample_windows()
+        self.drawn += 1
+        return out
+
+    def skip(self, batches: int) -> None:
+        first = max(0, min(batches, self.switch_at - self.drawn))
+        if first and self.before is not None:
+            self.before.skip(first)
+        self.after.skip(batches - first)
+        self.drawn += batches
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return _to_batch(self.sample_windows(), self.device, self.device.type == "cuda")
 
 
 class _WindowStream:

@@ -44,24 +44,44 @@ _LINEARS = (("attn", "attn.c_attn"), ("proj", "attn.c_proj"), ("fc", "mlp.c_fc")
 _NORMS = (("ln1", "ln_1"), ("ln2", "ln_2"))
 
 
-def _get(module: nn.Module, path: str) -> nn.Module:
-    for part in path.split("."):
-        module = getattr(module, part)
-    return module
+def layout(cfg: GPTConfig) -> list[tuple[str, str, bool]]:
+    """(stacked parameter, GPT parameter, transposed) for every parameter of a StackedGPT.
+
+    The one table that maps a GPT onto its stacked form: building the stack, unstacking
+    it, and stacking what else is kept per parameter (a base's optimizer state) all read it.
+    nn.Linear stores [out, in]; a batched matmul wants [in, out], hence the transposes.
+    """
+    out = [("wte", "wte.weight", False), ("wpe", "wpe.weight", False)]
+    for i in range(cfg.n_layer):
+        for name, path in _LINEARS:
+            out += [(f"blocks.{i}.{name}_w", f"blocks.{i}.{path}.weight", True),
+                    (f"blocks.{i}.{name}_b", f"blocks.{i}.{path}.bias", False)]
+        for name, path in _NORMS:
+            out += [(f"blocks.{i}.{name}_w", f"blocks.{i}.{path}.weight", False),
+                    (f"blocks.{i}.{name}_b", f"blocks.{i}.{path}.bias", False)]
+    out += [("lnf_w", "ln_f.weight", False), ("lnf_b", "ln_f.bias", False)]
+    if not cfg.tie_embeddings:  # a tied LM head is wte itself
+        out.append(("head", "lm_head.weight", False))
+    return out
+
+
+def stack_tensors(cfg: GPTConfig, per_model: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """{stacked name: tensor [P, ...]} from one {GPT parameter name: tensor} per proxy."""
+    return {s: torch.stack([(t[g].t() if tr else t[g]).detach() for t in per_model]).contiguous()
+            for s, g, tr in layout(cfg)}
 
 
 class _StackedBlock(nn.Module):
-    def __init__(self, blocks: list[nn.Module]) -> None:
+    def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        for name, path in _LINEARS:
-            # nn.Linear stores [out, in]; a batched matmul wants [P, in, out].
-            w = torch.stack([_get(b, path).weight.detach().t() for b in blocks])
-            bias = torch.stack([_get(b, path).bias.detach() for b in blocks])
-            setattr(self, f"{name}_w", nn.Parameter(w.contiguous()))
-            setattr(self, f"{name}_b", nn.Parameter(bias.clone()))
-        for name, path in _NORMS:
-            setattr(self, f"{name}_w", nn.Parameter(torch.stack([_get(b, path).weight.detach() for b in blocks])))
-            setattr(self, f"{name}_b", nn.Parameter(torch.stack([_get(b, path).bias.detach() for b in blocks])))
+        C = cfg.n_embd
+        shapes = {"attn": (C, 3 * C), "proj": (C, C), "fc": (C, 4 * C), "out": (4 * C, C)}
+        for name, (n_in, n_out) in shapes.items():
+            setattr(self, f"{name}_w", nn.Parameter(torch.empty(0, n_in, n_out)))
+            setattr(self, f"{name}_b", nn.Parameter(torch.empty(0, n_out)))
+        for name, _ in _NORMS:
+            setattr(self, f"{name}_w", nn.Parameter(torch.empty(0, C)))
+            setattr(self, f"{name}_b", nn.Parameter(torch.empty(0, C)))
 
 
 def _layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -87,14 +107,15 @@ class StackedGPT(nn.Module):
             raise ValueError("StackedGPT does not implement dropout; proxies train with dropout=0")
         self.config = cfg
         self.n_proxies = len(models)
-        self.wte = nn.Parameter(torch.stack([m.wte.weight.detach() for m in models]))  # [P, V, C], tied head
-        self.wpe = nn.Parameter(torch.stack([m.wpe.weight.detach() for m in models]))  # [P, S, C]
-        self.blocks = nn.ModuleList(_StackedBlock([m.blocks[i] for m in models]) for i in range(cfg.n_layer))
-        self.lnf_w = nn.Parameter(torch.stack([m.ln_f.weight.detach() for m in models]))
-        self.lnf_b = nn.Parameter(torch.stack([m.ln_f.bias.detach() for m in models]))
-        # An untied LM head is stacked like the rest; a tied one is wte itself.
-        self.head = None if cfg.tie_embeddings else nn.Parameter(
-            torch.stack([m.lm_head.weight.detach() for m in models]))  # [P, V, C]
+        self.wte = nn.Parameter(torch.empty(0))  # [P, V, C]
+        self.wpe = nn.Parameter(torch.empty(0))  # [P, S, C]
+        self.blocks = nn.ModuleList(_StackedBlock(cfg) for _ in range(cfg.n_layer))
+        self.lnf_w = nn.Parameter(torch.empty(0))
+        self.lnf_b = nn.Parameter(torch.empty(0))
+        self.head = None if cfg.tie_embeddings else nn.Parameter(torch.empty(0))  # [P, V, C]
+        stacked = stack_tensors(cfg, [dict(m.named_parameters()) for m in models])
+        for name, value in stacked.items():
+            self.get_parameter(name).data = value
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         P, B, T = idx.shape
@@ -129,19 +150,10 @@ class StackedGPT(nn.Module):
         out = []
         for p in range(self.n_proxies):
             m = GPT(self.config).to(self.wte.device)
-            m.wte.weight.copy_(self.wte[p])
-            m.wpe.weight.copy_(self.wpe[p])
-            for blk, sblk in zip(m.blocks, self.blocks):
-                for name, path in _LINEARS:
-                    _get(blk, path).weight.copy_(getattr(sblk, f"{name}_w")[p].t())
-                    _get(blk, path).bias.copy_(getattr(sblk, f"{name}_b")[p])
-                for name, path in _NORMS:
-                    _get(blk, path).weight.copy_(getattr(sblk, f"{name}_w")[p])
-                    _get(blk, path).bias.copy_(getattr(sblk, f"{name}_b")[p])
-            m.ln_f.weight.copy_(self.lnf_w[p])
-            m.ln_f.bias.copy_(self.lnf_b[p])
-            if self.head is not None:
-                m.lm_head.weight.copy_(self.head[p])
+            params = dict(m.named_parameters())
+            for s, g, tr in layout(self.config):
+                w = self.get_parameter(s)[p]
+                params[g].copy_(w.t() if tr else w)
             out.append(m.eval())
         return out
 
@@ -164,11 +176,14 @@ def train_stacked(
     seeds: list[int],
     device: str | torch.device = "cpu",
     deadline: float | None = None,
+    base: dict | None = None,
 ) -> list[tuple[GPT, dict]]:
     """Train len(samplers) fresh proxies together; one (model, stats) per proxy, as ``train`` returns.
 
     The proxies share the step schedule and the wall time, so each one's
     ``tokens_per_s`` is the swarm's throughput divided by the number of proxies.
+    ``base`` (a paused run's state, ``proxies.train``): every proxy continues it, as
+    ``train(..., base=base)`` does, its weights and optimizer state stacked P times.
     """
     if len(samplers) != len(seeds) or not samplers:
         raise ValueError(f"train_stacked needs one seed per sampler; got {len(samplers)} samplers, {len(seeds)} seeds")
@@ -179,6 +194,8 @@ def train_stacked(
     for seed in seeds:  # exactly as train() builds its model, so the inits match
         with seeded(seed, device):
             models.append(GPT(model_cfg))
+        if base is not None:
+            models[-1].load_state_dict(base["model"])
     model = StackedGPT(models).to(device)
     del models
     model.train()
@@ -187,8 +204,13 @@ def train_stacked(
     optimizer = make_optimizer(param_groups(params, train_cfg.weight_decay, matrix_dim=3), train_cfg, device)
     losses = torch.zeros(train_cfg.steps, P, device=device)
     tail_avg, avg_from = TailAverage(), average_from(train_cfg)  # elementwise, so per proxy as in train()
+    first = 0
+    if base is not None:
+        first = _continue(base, model, optimizer, losses, tail_avg, train_cfg)
+        for s in samplers:
+            s.skip(first * accum)
     t0 = time.perf_counter()
-    for step in range(train_cfg.steps):
+    for step in range(first, train_cfg.steps):
         start_step(optimizer, step, train_cfg, deadline)
         step_loss = torch.zeros(P, device=device)
         for _ in range(accum):
@@ -210,5 +232,43 @@ def train_stacked(
     per_step = losses.t().tolist()  # syncs the device
     seconds = time.perf_counter() - t0
     tail_avg.copy_to(model)
-    return [(m, {**run_stats(loss_list, tokens_per_step, seconds, m.num_params()), "stacked": P})
+    more = {"stacked": P, **({"continued_from": first} if base is not None else {})}
+    return [(m, {**run_stats(loss_list, tokens_per_step, seconds, m.num_params()), **more})
             for m, loss_list in zip(model.unstack(), per_step)]
+
+
+def _continue(base: dict, model: StackedGPT, optimizer, losses: torch.Tensor, tail_avg: TailAverage,
+              train_cfg: TrainConfig) -> int:
+    """Load a base's optimizer state, step losses and tail average into every proxy of the
+    stack (its weights are in already); returns the base's step."""
+    cfg, P = model.config, model.n_proxies
+    step = int(base["step"])
+    if not 0 < step < train_cfg.steps or len(base["losses"]) != step:
+        raise ValueError(f"cannot continue a base paused at step {step} of {len(base['losses'])} losses "
+                         f"in a run of {train_cfg.steps} steps")
+    gpt = GPT(cfg).to("meta")
+    # The optimizer numbers parameters group by group (proxies.train.param_groups).
+    named = list(gpt.named_parameters())
+    gpt_order = [n for n, p in named if p.dim() >= 2] + [n for n, p in named if p.dim() < 2]
+    snamed = list(model.named_parameters())
+    stacked_order = [n for n, p in snamed if p.dim() >= 3] + [n for n, p in snamed if p.dim() < 3]
+    saved = base["optimizer"]["state"]
+    per_name = {gpt_order[int(i)]: st for i, st in saved.items()}
+    state = {}
+    for key in ("exp_avg", "exp_avg_sq"):
+        stacked = stack_tensors(cfg, [{n: st[key] for n, st in per_name.items()}] * P)
+        for j, n in enumerate(stacked_order):
+            state.setdefault(j, {"step": per_name[_gpt_name(cfg, n)]["step"].clone()})[key] = stacked[n]
+    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
+    losses[:step] = torch.tensor(base["losses"], device=losses.device).unsqueeze(1).expand(step, P)
+    avg, n = base["tail"]
+    if avg is not None:
+        by_name = dict(zip([nm for nm, _ in named], avg))
+        stacked = stack_tensors(cfg, [by_name] * P)
+        tail_avg.avg = [stacked[nm].to(losses.device) for nm, _ in snamed]
+    tail_avg.n = int(n)
+    return step
+
+
+def _gpt_name(cfg: GPTConfig, stacked_name: str) -> str:
+    return next(g for s, g, _ in layout(cfg) if s == stacked_name)

@@ -27,6 +27,7 @@ optimizer step, tail average), ``log_due`` and ``run_stats``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import time
@@ -255,6 +256,7 @@ def train(
     points: Sequence[int] = (),
     stop_at: int | None = None,
     resume: dict | None = None,
+    base: dict | None = None,
 ) -> tuple[GPT, dict]:
     """Train a fresh GPT; returns (model in eval mode, stats).
 
@@ -266,6 +268,12 @@ def train(
     is fast-forwarded by the batches already drawn). A paused run's stats count
     the steps and tokens trained so far.
 
+    ``base`` is such a state too, shared by many runs: each continues it on its own
+    data (a ``SwitchSampler`` whose switch is at the base's batches) and equals, step
+    for step, a run trained from scratch on the base's data and then on its own.
+    Unlike a resumed run, a continued one reports its own seconds only, and
+    ``stats["continued_from"]`` is the base's step (its own tokens are the steps after it).
+
     ``deadline`` (a ``time.monotonic()`` value) stops training with TrainingTimeout
     at the first step that starts after it. ``on_point(step, model)`` is called after
     each step count in ``points`` short of the last (the model in eval mode, its
@@ -276,6 +284,12 @@ def train(
     step losses), losses (one per step), num_params, finite (False if the loss diverged).
     """
     device, accum, amp, tokens_per_step = prepare(model_cfg, train_cfg, [sampler], device)
+    if base is not None:
+        if resume is not None:
+            raise ValueError("train: give a paused run to resume or a base to continue, not both")
+        # A copy: the optimizer and the tail average update their state in place, and a
+        # base is continued many times.
+        resume = {**copy.deepcopy(base), "seconds": 0.0}
     if stop_at is not None and not 0 < stop_at < train_cfg.steps:
         raise ValueError(f"stop_at={stop_at} must be within (0, {train_cfg.steps})")
     first = 0
@@ -332,6 +346,8 @@ def train(
         tail_avg.copy_to(model)
 
     stats = run_stats(loss_list, tokens_per_step, seconds, model.num_params())
+    if base is not None:
+        stats["continued_from"] = first
     if not stats["finite"]:
         logger.warning("training diverged: non-finite loss (final_loss=%s)", stats["final_loss"])
     model.eval()
@@ -372,6 +388,5 @@ def _restore(state: dict, model: GPT, optimizer, losses: torch.Tensor, tail_avg:
     torch.set_rng_state(state["rng"])
     if device.type == "cuda" and "cuda_rng" in state:
         torch.cuda.set_rng_state(state["cuda_rng"], device)
-    for _ in range(step * accum):  # the sampler's draws so far, so it continues where it was
-        sampler.sample_windows()
+    sampler.skip(step * accum)  # the sampler's draws so far, so it continues where it was
     return step

@@ -1,0 +1,116 @@
+"""Proxies continued from a shared base: step for step a run trained from scratch on the
+base's data first, one by one and stacked; and merged models are weighted averages.
+
+Run: PYTHONPATH=. python -m pytest tests/test_proxies_base.py -q
+"""
+import numpy as np
+import pytest
+import torch
+
+from proxies.model import GPT, GPTConfig
+from proxies.sampler import MixtureSampler, SwitchSampler
+from proxies.stacked import train_stacked
+from proxies.tokens import TokenStore, merge_token_stores, write_shard_tokens
+from proxies.train import TrainConfig, train
+
+CFG = GPTConfig(vocab_size=256, n_layer=2, n_head=2, n_embd=32, seq_len=16, tie_embeddings=False)
+NATURAL = [0.5, 0.3, 0.2]
+MIXTURES = [[0.8, 0.1, 0.1], [0.1, 0.1, 0.8], [1 / 3, 1 / 3, 1 / 3]]
+F = 12  # the base's steps
+TCFG = TrainConfig(steps=30, batch_size=8, lr=1e-2, warmup_steps=3, grad_clip=0.5, log_every=0, precision="fp32")
+
+
+class _IdTok:
+    vocab_size, eos_id = 256, 0
+
+    def encode_batch(self, texts):
+        return [[int(w) for w in t.split()] for t in texts]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    d = tmp_path_factory.mktemp("base")
+    rng = np.random.default_rng(0)
+    texts, ids = [], []
+    for c in range(3):
+        for _ in range(20):
+            texts.append(" ".join(map(str, rng.integers(1 + 60 * c, 100 + 60 * c, 80))))
+            ids.append(c)
+    write_shard_tokens(texts, np.array(ids), _IdTok(), d, "s")
+    merge_token_stores(d, ["s"], 3)
+    return TokenStore(d)
+
+
+def _sampler(store, w, seed, batch=4):
+    return MixtureSampler(store, np.array(w), CFG.seq_len, batch, seed=seed, exact=True, common=True)
+
+
+def _base(store, tcfg=TCFG, batch=4):
+    _, stats = train(CFG, tcfg, _sampler(store, NATURAL, 7, batch), seed=7, stop_at=F)
+    return stats["state"]
+
+
+@pytest.mark.parametrize("batch", [8, 4])  # one micro-batch a step, and two
+def test_continued_equals_scratch_whose_first_steps_were_the_base(store, batch):
+    base = _base(store, batch=batch)
+    accum = TCFG.batch_size // batch
+    for w in MIXTURES[:2]:
+        scratch_sampler = SwitchSampler(_sampler(store, NATURAL, 7, batch), _sampler(store, w, 100, batch), F * accum)
+        m1, s1 = train(CFG, TCFG, scratch_sampler, seed=7)
+        m2, s2 = train(CFG, TCFG, SwitchSampler(None, _sampler(store, w, 100, batch), F * accum), seed=12345,
+                       base=base)
+        assert s1["losses"] == s2["losses"]  # bit for bit, every step
+        for (name, a), b in zip(m1.state_dict().items(), m2.state_dict().values()):
+            assert torch.equal(a, b), name
+        assert s2["continued_from"] == F and "continued_from" not in s1
+    # the base's losses are the first F of every continuation; what follows differs by mixture
+    runs = [train(CFG, TCFG, SwitchSampler(None, _sampler(store, w, 100, batch), F * accum), seed=0, base=base)[1]
+            for w in MIXTURES]
+    assert all(r["losses"][:F] == base["losses"] for r in runs)
+    assert len({round(r["final_loss"], 4) for r in runs}) == 3
+
+
+def test_a_continuation_has_no_data_before_its_base(store):
+    s = SwitchSampler(None, _sampler(store, NATURAL, 1), 3)
+    with pytest.raises(ValueError, match="skip the base's batches first"):
+        s.sample_windows()
+    s.skip(5)  # past the switch: the continuation's sampler has given 2 batches
+    ref = _sampler(store, NATURAL, 1)
+    ref.skip(2)
+    assert (s.sample_windows() == ref.sample_windows()).all()
+
+
+def test_stacked_continuation_equals_one_by_one(store):
+    base = _base(store)
+    seeds = [100, 101, 100]
+    single = [train(CFG, TCFG, SwitchSampler(None, _sampler(store, w, s), F * 2), seed=0, base=base)
+              for w, s in zip(MIXTURES, seeds)]
+    stacked = train_stacked(CFG, TCFG, [SwitchSampler(None, _sampler(store, w, s), F * 2)
+                                        for w, s in zip(MIXTURES, seeds)], seeds=[0, 0, 0], base=base)
+    for (m1, s1), (m2, s2) in zip(single, stacked):
+        assert s2["losses"][:F] == base["losses"]
+        assert np.abs(np.array(s1["losses"]) - np.array(s2["losses"])).max() < 1e-4
+        assert s2["continued_from"] == F
+        for (name, a), b in zip(m1.state_dict().items(), m2.state_dict().values()):
+            torch.testing.assert_close(a, b, rtol=0, atol=2e-3, msg=name)
+
+
+def test_stacked_continuation_keeps_the_base_optimizer_state(store):
+    # Were the moments dropped, the first continued step would differ from one by one's at once.
+    base = _base(store)
+    one = train(CFG, TCFG, SwitchSampler(None, _sampler(store, MIXTURES[0], 5), F * 2), seed=0, base=base)[1]
+    fresh = {**base, "optimizer": {"state": {}, "param_groups": base["optimizer"]["param_groups"]}}
+    with pytest.raises(KeyError):
+        train_stacked(CFG, TCFG, [SwitchSampler(None, _sampler(store, MIXTURES[0], 5), F * 2)], seeds=[0], base=fresh)
+    two = train_stacked(CFG, TCFG, [SwitchSampler(None, _sampler(store, MIXTURES[0], 5), F * 2)], seeds=[0],
+                        base=base)[0][1]
+    assert abs(one["losses"][F] - two["losses"][F]) < 1e-5
+
+
+def test_a_base_that_does_not_fit_the_run_is_refused(store):
+    base = _base(store)
+    with pytest.raises(ValueError, match="cannot resume a run paused at step"):
+        train(CFG, TrainConfig(steps=10, batch_size=8, log_every=0), SwitchSampler(None, _sampler(store, NATURAL, 1),
+                                                                                      F * 2), seed=0, base=base)
+    with pytest.raises(ValueError, match="not both"):
+        train(CFG, TCFG, _sampler(store, NATURAL, 1), seed=0, base=base, resume=base)
