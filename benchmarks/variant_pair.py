@@ -14,7 +14,7 @@ target scores:
 - non-inferiority: A is "no worse" when the interval's upper end (for a loss) is
   below `--margin`;
 - `compute_fraction`: the proxy compute A's searches spent (their search,
-  replicate and expert proxies, tokens x parameters; `summary.json["compute"]`)
+  base, merge, replicate and expert proxies, tokens x parameters; `summary.json["compute"]`)
   over B's;
 - `baselines`: each run's found mixture against the baselines (uniform, natural)
   paired by comparison seed. With `--baselines-from-b`, an A run that trained no
@@ -46,13 +46,13 @@ def found_mixture(run: Path) -> dict:
             "score": float(score), "search_compute": search_compute(paths)}
 
 
-SEARCH_PURPOSES = ("search", "replicates", "experts")
+SEARCH_PURPOSES = ("search", "base", "merge", "replicates", "experts")
 
 
 def search_compute(paths) -> dict | None:
-    """The proxy compute the search spent to choose (its own proxies, replicates and experts,
-    not the comparison): {"tokens": ..., "token_params": ... or None where a record has no
-    parameter count}."""
+    """The proxy compute the search spent to choose (its own proxies, base, merged models,
+    replicates and experts, not the comparison): {"tokens": ..., "token_params": ... or None
+    where a record has no parameter count}."""
     from climb.stages.summary import compute_account
     by = compute_account(paths)["by_purpose"]
     parts = [by[p] for p in SEARCH_PURPOSES if p in by]

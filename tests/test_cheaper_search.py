@@ -18,7 +18,7 @@ from climb.optimize.experts import ExpertFeature, ExpertPrior, ensemble_bpb, ens
 from climb.optimize.halving import continue_set, curve_shift, predicted_final
 from climb.optimize.predictor import make_predictor
 from climb.runtime import proxy_runs
-from climb.stages import search, tokenization
+from climb.stages import search, search_cheap, tokenization
 from climb.stages.summary import compute_account
 from scripted_run import prepare
 
@@ -312,7 +312,7 @@ def test_a_cheaper_search_runs_end_to_end_on_the_builtin_trainer(tmp_path, monke
         seen = sorted(recs, key=lambda r: r["mixture_id"])
         f = ensemble_loss(logp, coef, np.array([r["weights"] for r in seen]))
         full_skill = spearmanr(f, [r["objective"] for r in seen]).statistic
-        assert logp.shape[0] <= search.EXPERT_TOKENS  # so the feature scores every target token, as here
+        assert logp.shape[0] <= search_cheap.EXPERT_TOKENS  # so the feature scores every target token, as here
         assert skill[-1] == pytest.approx(full_skill, abs=1e-9)
     # The summary's proxy count is the account's: experts and stopped proxies included.
     summary = json.loads((paths.root / "report" / "summary.json").read_text())

@@ -7,7 +7,7 @@ import pytest
 
 from climb.runtime import proxy_runs
 
-from climb.stages import search
+from climb.stages import search_common
 from climb.config import ProxyConfig, load_config
 
 
@@ -41,13 +41,13 @@ class _Ex:
 
 @pytest.mark.parametrize("slots,groups", [(1, [8, 8, 4]), (2, [8, 8, 4]), (4, [5, 5, 5, 5]), (40, [1] * 20)])
 def test_run_proxies_groups_and_keeps_order(monkeypatch, slots, groups):
-    monkeypatch.setattr(search, "stack_size", lambda pc: 8)
-    monkeypatch.setattr(search, "train_and_score_group", lambda ts: [{"mixture_id": t["mixture_id"]} for t in ts])
+    monkeypatch.setattr(search_common, "stack_size", lambda pc: 8)
+    monkeypatch.setattr(search_common, "train_and_score_group", lambda ts: [{"mixture_id": t["mixture_id"]} for t in ts])
     cfg = load_config(None, [])
     tasks = [{"mixture_id": f"m{i}"} for i in range(20)]
     seen = {}
     ex = _Ex(slots)
-    out = search.run_proxies(cfg, ex, tasks, "t", lambda i, rec: seen.__setitem__(i, rec["mixture_id"]))
+    out = search_common.run_proxies(cfg, ex, tasks, "t", lambda i, rec: seen.__setitem__(i, rec["mixture_id"]))
     assert ex.groups == groups
     assert [r["mixture_id"] for r in out] == [t["mixture_id"] for t in tasks]
     assert seen == {i: f"m{i}" for i in range(20)}

@@ -39,8 +39,24 @@ def check_config(cfg: RunConfig) -> None:
     if not 0 <= cfg.search.experts <= 1:
         raise ConfigError(f"search.experts is the fraction of the proxies' steps an expert trains, in [0, 1] "
                           f"(0: no experts); got {cfg.search.experts}")
+    if not 0 <= cfg.search.base < 1:
+        raise ConfigError(f"search.base is the fraction of the proxies' steps the shared base trains, in [0, 1) "
+                          f"(0: no base); got {cfg.search.base}")
+    if cfg.search.base and round(cfg.search.base * cfg.proxy.steps) < 1:
+        raise ConfigError(f"search.base = {cfg.search.base} of proxy.steps = {cfg.proxy.steps} is no step; "
+                          "raise it or set 0")
+    if cfg.search.merge and not cfg.search.base:
+        raise ConfigError("search.merge merges continuations of the shared base; set search.base too (e.g. 0.5)")
+    if cfg.search.base and (cfg.search.halving or cfg.search.experts):
+        raise ConfigError("search.base does not combine with search.halving or search.experts yet; "
+                          "use search.merge for features from the base")
     if cfg.proxy.command:  # the command itself first, then what it cannot do
         check_command(cfg.proxy.command)
+    if cfg.search.merge and (cfg.proxy.command or cfg.proxy.lookup):
+        raise ConfigError("search.merge averages the weights of the built-in trainer's models; unset "
+                          "proxy.command / proxy.lookup or turn it off")
+    if cfg.search.base and cfg.proxy.lookup:
+        raise ConfigError("search.base continues a trained base, but proxy.lookup trains nothing; turn one off")
     if (cfg.search.halving or cfg.search.experts) and (cfg.proxy.command or cfg.proxy.lookup):
         raise ConfigError("search.halving and search.experts need the built-in proxy trainer (they pause and "
                           "resume proxies, or read their token probabilities); unset proxy.command / proxy.lookup "

@@ -267,6 +267,17 @@ class SearchConfig:
     # mixture's expert-ensemble objective (bpb, tasks' gold loss per byte) and the
     # default model on the rest. Built-in trainer only (climb/optimize/experts.py).
     experts: float = 0.0
+    # A shared base: one proxy trained this fraction of the proxies' steps on the natural
+    # mixture, once per run (0: off); every search proxy and replicate then continues it on
+    # its own mixture for the remaining steps, so each costs 1 - base of a proxy and the
+    # mixtures are compared from one start. The comparison with the baselines still trains
+    # from scratch. Built-in trainer, or an external one that pauses and continues
+    # (README, "Spending less on proxies").
+    base: float = 0.0
+    # With a base: one continuation of it per usable cluster, on that cluster alone, and
+    # each mixture's feature for the predictor is the objective of the model whose weights
+    # are those continuations' averaged by the mixture's weights (merged models, DeMix).
+    merge: bool = False
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,13 @@ class ProxyTask:
     checkpoint: str = ""
     # Keep the target texts' per-token log-probabilities here (.npy), for expert features.
     logprobs: str = ""
+    # Built-in trainer only: continue this shared base (a run paused on another mixture,
+    # proxies.train) on the task's mixture instead of training from scratch. The record
+    # counts the steps after the base's; its windows come from streams of their own
+    # (seed + CONTINUE_SEED), not those the base drew from.
+    base: str = ""
+    # Also save the trained model's weights here (a state dict), e.g. to merge later.
+    save_model: str = ""
 
 
 def load_target(target_cfg: TargetConfig, run_dir: Path) -> dict:
@@ -269,11 +276,35 @@ def proxy_configs(proxy_cfg: ProxyConfig, tok):
     return proxy_cfg.model_config(tok.vocab_size), proxy_cfg.train_config(log_every=10**9)
 
 
-def _sampler(store, weights, proxy_cfg: ProxyConfig, seed: int, device: str, where: str):
-    from proxies.sampler import MixtureSampler
+# A continuation's sampler seed is its proxy's plus this, so that with one seed the windows it
+# draws from a cluster are not the ones its base drew first (common streams are seeded per cluster).
+CONTINUE_SEED = 2**32
+
+
+def _sampler(store, weights, proxy_cfg: ProxyConfig, seed: int, device: str, where: str, base: dict | None = None):
+    """The task's sampler; continuing a base, one that starts after the base's batches."""
+    from proxies.sampler import MixtureSampler, SwitchSampler
     w = check_weights(weights, store.n_clusters, where, tol=None)
-    return MixtureSampler(store, w, proxy_cfg.seq_len, proxy_cfg.batch_size, seed=seed, device=device,
-                          exact=proxy_cfg.exact_batches, common=proxy_cfg.common_streams)
+    s = MixtureSampler(store, w, proxy_cfg.seq_len, proxy_cfg.batch_size, seed=seed + (CONTINUE_SEED if base else 0),
+                       device=device, exact=proxy_cfg.exact_batches, common=proxy_cfg.common_streams)
+    return s if base is None else SwitchSampler(None, s, int(base["step"]))  # one micro-batch a step
+
+
+def load_base(path: str) -> dict:
+    """A shared base's state (proxies.train's paused state), cached per process by the file's identity."""
+    import torch
+    key = ("base", path, _stamp(Path(path)))
+    if key not in _CACHE:
+        for k in [k for k in _CACHE if k[:2] == ("base", path)]:  # a retrained base replaces the old one
+            del _CACHE[k]
+        _CACHE[key] = torch.load(path, map_location="cpu", weights_only=True)
+    return _CACHE[key]
+
+
+def own_tokens(stats: dict) -> int:
+    """The tokens a run trained on itself: all of them, or those after the base it continued."""
+    steps = max(1, stats["steps"])
+    return int(stats["tokens"]) * (steps - stats.get("continued_from", 0)) // steps
 
 
 def _builtin_stacked(tasks: list[ProxyTask]) -> list:
@@ -282,15 +313,18 @@ def _builtin_stacked(tasks: list[ProxyTask]) -> list:
     proxy_cfg: ProxyConfig = tasks[0].proxy
     if any(t.proxy != proxy_cfg or t.tokens_dir != tasks[0].tokens_dir for t in tasks):
         raise ValueError("a stacked group needs one proxy config and one token store")
+    if len({t.base for t in tasks}) > 1:
+        raise ValueError("a stacked group continues one base or none")
     device = resolve_device(proxy_cfg.device)
     store, tok = _resources(Path(tasks[0].tokens_dir))
+    base = load_base(tasks[0].base) if tasks[0].base else None
     samplers = []
     for t in tasks:
-        samplers.append(_sampler(store, t.weights, proxy_cfg, t.seed, device, f"proxy {t.mixture_id}"))
+        samplers.append(_sampler(store, t.weights, proxy_cfg, t.seed, device, f"proxy {t.mixture_id}", base))
     mcfg, tcfg = proxy_configs(proxy_cfg, tok)
     # A stacked model of n proxies may take as long as n proxies one after another.
     trained = train_stacked(mcfg, tcfg, samplers, seeds=[t.seed for t in tasks], device=device,
-                            deadline=_deadline(proxy_cfg, len(tasks)))
+                            deadline=_deadline(proxy_cfg, len(tasks)), base=base)
     log.info("%d proxies trained as one stacked model: %.0f tok/s in all", len(tasks),
              len(tasks) * trained[0][1]["tokens_per_s"])
 
@@ -298,7 +332,9 @@ def _builtin_stacked(tasks: list[ProxyTask]) -> list:
         def run() -> tuple[dict, int, dict]:
             metrics = evaluate_task_metrics(model, tok, task, device)
             metrics["train_loss"] = float(stats["final_loss"])
-            return metrics, int(stats["tokens"]), _extra(proxy_cfg, stats, {}, metrics)
+            if task.save_model:
+                _save_state(Path(task.save_model), model.state_dict())
+            return metrics, own_tokens(stats), _extra(proxy_cfg, stats, {}, metrics)
         return run
     return [evaluator(t, m, st) for t, (m, st) in zip(tasks, trained)]
 
@@ -310,7 +346,10 @@ def _builtin(task: ProxyTask, deadline: float | None = None) -> tuple[dict, int,
     proxy_cfg: ProxyConfig = task.proxy
     device = resolve_device(proxy_cfg.device)
     store, tok = _resources(Path(task.tokens_dir))
-    sampler = _sampler(store, task.weights, proxy_cfg, task.seed, device, f"proxy {task.mixture_id}")
+    base = load_base(task.base) if task.base else None
+    if base is not None and (task.stop_at or task.checkpoint):
+        raise ValueError(f"proxy {task.mixture_id}: a continued base cannot also pause at a rung")
+    sampler = _sampler(store, task.weights, proxy_cfg, task.seed, device, f"proxy {task.mixture_id}", base)
     mcfg, tcfg = proxy_configs(proxy_cfg, tok)
     ckpt = Path(task.checkpoint) if task.checkpoint else None
     resume = None
@@ -320,11 +359,13 @@ def _builtin(task: ProxyTask, deadline: float | None = None) -> tuple[dict, int,
     evals = eval_steps(tcfg.steps, proxy_cfg.curve_points, proxy_cfg.curve_evals)
     model, stats = train(mcfg, tcfg, sampler, seed=task.seed, device=device, deadline=deadline,
                          on_point=lambda step, m: scored.__setitem__(step, evaluate_task_metrics(m, tok, task, device)),
-                         points=evals, stop_at=task.stop_at or None, resume=resume)
+                         points=evals, stop_at=task.stop_at or None, resume=resume, base=base)
     metrics = evaluate_task_metrics(model, tok, task, device)
     metrics["train_loss"] = float(stats["final_loss"])
     if task.stop_at:
         _save_state(ckpt, {**stats.pop("state"), "scored": scored})
+    if task.save_model:
+        _save_state(Path(task.save_model), model.state_dict())
     if task.logprobs:
         _save_logprobs(Path(task.logprobs), model, tok, task, device)
     log.info("proxy %s%s: objective inputs %s, %.0f tok/s", task.mixture_id,
@@ -335,11 +376,11 @@ def _builtin(task: ProxyTask, deadline: float | None = None) -> tuple[dict, int,
         torch.cuda.empty_cache()
     if task.stop_at:
         return metrics, int(stats["tokens"]), {"params": int(stats["num_params"]), "curve": None}
-    return metrics, int(stats["tokens"]), _extra(proxy_cfg, stats, scored, metrics)
+    return metrics, own_tokens(stats), _extra(proxy_cfg, stats, scored, metrics)
 
 
 def _save_state(path: Path | None, state: dict) -> None:
-    """A paused run's state, written whole or not at all."""
+    """A paused run's state (or a model's weights), written whole or not at all."""
     import torch
 
     from climb.io.files import atomic_path
@@ -417,7 +458,10 @@ def _extra(proxy_cfg: ProxyConfig, stats: dict, scored: dict[int, dict], final: 
         last = curve["step"][-1]
         for name in [m for m in final if m != "train_loss"]:
             curve[name] = [final[name] if s == last else scored.get(s, {}).get(name) for s in curve["step"]]
-    return {"params": int(stats["num_params"]), "curve": curve if curve["step"] else None}
+    out = {"params": int(stats["num_params"]), "curve": curve if curve["step"] else None}
+    if "continued_from" in stats:  # the base's steps, counted once in the base's own record
+        out["base_steps"] = int(stats["continued_from"])
+    return out
 
 
 class ProxyTimeout(RuntimeError):

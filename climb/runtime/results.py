@@ -81,7 +81,8 @@ def proxy_records(paths) -> list[tuple[str, dict]]:
     experts, replicate, one-shot and comparison files, and the validation's log; the last record per
     (mixture id, seed). Read as they are, also while a stage is writing them."""
     out = [("search", r) for r in load(paths.search.results, warn=False)]
-    for purpose, file in (("experts", paths.search.experts), ("replicate", paths.search.replicates),
+    for purpose, file in (("base", paths.search.base), ("merge", paths.search.merge),
+                          ("experts", paths.search.experts), ("replicate", paths.search.replicates),
                           ("one-shot", paths.search.one_shot), ("comparison", paths.search.comparison)):
         try:
             data = json.loads(Path(file).read_text())

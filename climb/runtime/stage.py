@@ -145,6 +145,21 @@ class SearchOutputs:
     def expert_logprobs(self, cluster: int) -> Path:  # an expert's per-token log-probabilities
         return self.dir / "experts" / f"cluster_{cluster:03d}.npy"
 
+    @property
+    def base(self) -> Path:  # {"base": record, "key": ...} of the shared base (search.base)
+        return self.dir / "base.json"
+
+    @property
+    def base_checkpoint(self) -> Path:  # the shared base's paused state
+        return self.dir / "base" / "base.pt"
+
+    @property
+    def merge(self) -> Path:  # {mixture id: record} of the base's continuations per cluster (search.merge)
+        return self.dir / "merge.json"
+
+    def merge_model(self, cluster: int) -> Path:  # one cluster's continuation of the base (a state dict)
+        return self.dir / "merge" / f"cluster_{cluster:03d}.pt"
+
     def rungs(self, iteration: int) -> Path:  # {mixture id: record} at the rung (search.halving)
         return self.dir / f"rungs_{iteration}.json"
 

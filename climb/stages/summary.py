@@ -8,7 +8,7 @@ from climb.runtime.stage import RunPaths
 
 
 # The compute account's names for the purposes climb.runtime.results.proxy_records gives, in its order.
-_PURPOSES = {"search": "search", "experts": "experts", "replicate": "replicates", "comparison": "comparison",
+_PURPOSES = {"search": "search", "base": "base", "merge": "merge", "experts": "experts", "replicate": "replicates", "comparison": "comparison",
              "one-shot": "one-shot", "validation": "validate"}
 
 

@@ -1,0 +1,158 @@
+"""What the search's parts share: the mixture space, the candidates, the results log, one
+proxy's task, training a batch of proxies, and the final pick.
+
+The search loop (climb/stages/search.py), its comparison with baselines
+(search_compare.py) and its cheaper ways to choose (search_cheap.py) all build on
+these; none of them imports another.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+
+from climb.config import RunConfig
+from climb.io.files import InputError
+from climb.optimize.predictor import goal_sign
+from climb.runtime import results as results_log
+from climb.runtime.proxy_runs import ProxyTask, stack_size, train_and_score, train_and_score_group
+from climb.runtime.stage import RunPaths
+
+log = logging.getLogger(__name__)
+
+
+def mixture_space(cfg: RunConfig, tokens: np.ndarray) -> dict:
+    """Prior (token shares), usable clusters and per-cluster caps from the epoch cap."""
+    usable = tokens > cfg.proxy.seq_len + 1
+    if usable.sum() == 0:
+        raise InputError("no cluster has enough tokens for one proxy sequence; lower proxy.seq_len or add data")
+    natural = np.where(usable, tokens, 0).astype(np.float64)
+    natural /= natural.sum()
+    budget = cfg.export.token_budget or int(tokens[usable].sum())
+    cap = np.where(usable, np.minimum(1.0, cfg.search.epoch_cap * tokens / budget), 0.0)
+    uniform = usable / usable.sum()
+    return {"natural": natural, "uniform": uniform, "max_weight": cap, "usable": usable, "budget": budget}
+
+
+# ----------------------------------------------------------------- the loop
+def read_results(paths: RunPaths) -> list[dict]:
+    """Every complete proxy record, the last one per (mixture id, seed)."""
+    return results_log.load(paths.search.results)
+
+
+def append(paths: RunPaths, rec: dict) -> None:
+    results_log.append(paths.search.results, rec)
+
+
+def candidate_pool(cfg: RunConfig, space: dict, n: int, seed: int) -> np.ndarray:
+    """n distinct Dirichlet mixtures around the natural shares, as search.* configures them."""
+    from climb.optimize.candidates import sample_candidates
+    search_cfg = cfg.search
+    k = len(space["natural"])
+    return sample_candidates(space["natural"], n, np.random.default_rng(seed),
+                             concentrations=tuple(c * k for c in search_cfg.concentrations),
+                             temperature=search_cfg.temperature, min_weight=search_cfg.min_weight,
+                             max_weight=space["max_weight"])
+
+
+def fixed_candidates(cfg: RunConfig, space: dict) -> np.ndarray | None:
+    """The rows of `search.candidates` (None when unset) the proxies can train on, in file order.
+
+    Columns named cluster_<i> are matched by name, others taken in cluster order. Rows
+    that put weight on a cluster too small for one proxy sequence and exact repeats are
+    dropped, and said so.
+    """
+    from climb.io.swarm_csv import cluster_order, read_weights
+    if not cfg.search.candidates:
+        return None
+    path, k = cfg.search.candidates, len(space["natural"])
+    try:
+        _, domains, W = read_weights(path, key=cfg.search.candidates_key)
+    except ValueError as e:
+        raise InputError(f"search.candidates: {e}") from None
+    if len(domains) != k:
+        raise InputError(f"search.candidates {path}: {len(domains)} weight columns, but the run has {k} clusters; "
+                         f"give one column per cluster (cluster_0 .. cluster_{k - 1})")
+    W = cluster_order(domains, W)
+    keep = (W[:, ~space["usable"]] == 0).all(1)
+    if not keep.all():
+        log.warning("search.candidates: dropped %d of %d rows that weight clusters with too few tokens for a "
+                    "proxy (clusters %s)", int((~keep).sum()), len(W), np.flatnonzero(~space["usable"]).tolist())
+    W = W[keep]
+    first = np.sort(np.unique(W, axis=0, return_index=True)[1])
+    if len(first) < len(W):
+        log.warning("search.candidates: dropped %d repeated rows", len(W) - len(first))
+    if not len(first):
+        raise InputError(f"search.candidates {path}: no usable candidate left")
+    return W[first]
+
+
+def ok_sorted(results: list[dict]) -> list[dict]:
+    """Successful results in mixture-id order: the predictor sees the same rows in
+    the same order whatever order the proxies finished in (in-process, Dask, resumed)."""
+    return sorted((r for r in results if r["status"] == "ok"), key=lambda r: r["mixture_id"])
+
+
+def proxy_task(cfg: RunConfig, paths: RunPaths, mixture_id: str, it: int, weights, seed: int,
+               heldout=None, base: str = "") -> ProxyTask:
+    """What one proxy run needs (plain data, so it runs in-process or on a Dask worker): the
+    mixture, the seed, the run's token store, the proxy and target configs, and optionally
+    held-out evaluations (a TargetConfig) scored beside the target, and the shared base it
+    continues (a checkpoint path; "" trains from scratch)."""
+    return ProxyTask(mixture_id=mixture_id, iteration=it, weights=tuple(map(float, weights)), seed=seed,
+                     tokens_dir=str(paths.tokenize.dir), run_dir=str(paths.root), proxy=cfg.proxy, target=cfg.target,
+                     heldout=heldout, base=base)
+
+
+def run_proxies(cfg: RunConfig, ex, tasks: list[ProxyTask], desc: str, on_record) -> list[dict]:
+    """Train and score proxies; on_record(i, record) is called for tasks[i] as its record arrives.
+
+    Where `proxy.swarm` says stacking helps, tasks are grouped into stacked models of
+    at most `swarm_size` proxies, and into at least as many groups as the executor runs
+    tasks at once, so no worker idles.
+    """
+    size = stack_size(cfg.proxy)
+    if size <= 1 or len(tasks) < 2:
+        return ex.map(train_and_score, tasks, desc=desc, resources={"GPU": 1}, on_result=on_record, parallel=True)
+    per = max(1, min(size, math.ceil(len(tasks) / ex.slots({"GPU": 1}))))
+    starts = list(range(0, len(tasks), per))
+    out: list = [None] * len(tasks)
+
+    def got(g: int, recs: list[dict]) -> None:
+        for j, rec in enumerate(recs):
+            out[starts[g] + j] = rec
+            on_record(starts[g] + j, rec)
+    ex.map(train_and_score_group, [tasks[i:i + per] for i in starts], desc=f"{desc} ({per} per stacked model)",
+           resources={"GPU": 1}, on_result=got, parallel=True)
+    return out
+
+
+def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | None = None,
+                  source: str = "search/results.jsonl", prior=None) -> dict:
+    """The mixture the results point to, by `search.final` (or `rule`, e.g. "predicted").
+
+    A pick among measured mixtures ("seen", "measured-predicted") is among proxies trained to
+    the end: one stopped at a rung (search.halving) holds a predicted final value only."""
+    from dataclasses import replace as dc_replace
+
+    from climb.optimize.strategy import final_pick, from_search_config
+    search_cfg = cfg.search
+    ok = ok_sorted(results)
+    if (rule or search_cfg.final) != "predicted":
+        ok = [r for r in ok if "stopped" not in r]
+    if len(ok) < 2:
+        raise RuntimeError(f"only {len(ok)} proxies succeeded; see {len(results)} records in {source}")
+    X = np.array([r["weights"] for r in ok])
+    y = np.array([r["objective"] for r in ok])
+    fixed = fixed_candidates(cfg, space)
+    pool = fixed if fixed is not None else candidate_pool(cfg, space, search_cfg.pool_size, search_cfg.seed + 99_991)
+    strategy = dc_replace(from_search_config(search_cfg), prior=prior)
+    if rule is not None:
+        strategy = dc_replace(strategy, final=rule, final_top_k=1)
+    pick = final_pick(X, y, cfg.target.goal, pool, strategy, search_cfg.seed)
+    w = np.where(space["usable"], pick["weights"], 0.0)
+    w /= w.sum()
+    best_seen = ok[int(np.argmin(goal_sign(cfg.target.goal) * y))]
+    return {"weights": w.tolist(), "predicted": pick["predicted"], "predictor": pick["predictor"],
+            "best_seen": {"mixture_id": best_seen["mixture_id"], "objective": best_seen["objective"]}}
