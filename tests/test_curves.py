@@ -56,9 +56,9 @@ def test_a_builtin_proxy_records_its_curve_and_scoring_during_training_changes_n
 
 def test_an_external_trainers_curve_and_params_are_kept_when_well_formed(caplog):
     good = {"metrics": {"loss": 1.0}, "params": 1234, "curve": {"step": [1, 2], "loss": [2.0, 1.0]}}
-    assert proxy_runs._external_extra(good) == {"params": 1234, "curve": {"step": [1, 2], "loss": [2.0, 1.0]}}
+    assert proxy_runs.external_extra(good) == {"params": 1234, "curve": {"step": [1, 2], "loss": [2.0, 1.0]}}
     bad = {"params": True, "curve": {"step": [1, 2], "loss": [2.0]}}
-    assert proxy_runs._external_extra(bad) == {} and "left out of the record" in caplog.text
+    assert proxy_runs.external_extra(bad) == {} and "left out of the record" in caplog.text
 
 
 def test_the_compute_account_adds_up(tmp_path, monkeypatch):

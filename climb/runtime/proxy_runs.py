@@ -6,11 +6,10 @@ bits per byte on held-out text and/or `acc`, `acc_norm`, `gold_loss_per_byte`
 on task files. `objective` is the mean of the metrics named in
 `target.objective`; the goal (minimize / maximize) travels with it.
 
-A user with their own trainer sets `proxy.command`; climb writes the mixture to
-`{weights}` (JSON: {"weights": [...], "clusters": [...], "seed": n}) and reads the
-metrics record the command writes to `{out}` (JSON: {"metrics": {...}}). The
-command runs in its own process group, which is killed when it passes
-`proxy.timeout_s` and when climb itself is interrupted (Ctrl-C, SIGTERM).
+A user with their own trainer sets `proxy.command` (climb/runtime/external.py: what
+the command is given and what it writes); a measured swarm can stand in for training
+(`proxy.lookup`, climb/runtime/lookup.py). The target's loading and scoring are in
+climb/runtime/targets.py.
 
 The built-in trainer runs in this process and checks `proxy.timeout_s` at every
 training step instead: a child process per proxy would pay a fresh torch import
@@ -25,14 +24,8 @@ in-process or on a Dask worker.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
-import shlex
-import signal
-import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,9 +33,12 @@ from pathlib import Path
 import numpy as np
 
 from climb.config import ProxyConfig, TargetConfig
-from climb.io.files import InputError, fingerprint, is_url, read_documents, resolve_corpus_files
+from climb.io.files import InputError
 from climb.io.mixture import check_weights
 from climb.runtime.device import resolve_device
+from climb.runtime.external import external_extra, run_command, run_external  # noqa: F401 (re-exported)
+from climb.runtime.targets import (coef_path, evaluate_task_metrics, expert_terms, load_target,  # noqa: F401
+                                   objective, save_logprobs, stamp)
 
 log = logging.getLogger(__name__)
 _CACHE: dict = {}
@@ -72,96 +68,10 @@ class ProxyTask:
     # counts the steps after the base's; its windows come from streams of their own
     # (seed + CONTINUE_SEED), not those the base drew from.
     base: str = ""
+    # The base's steps (what an external trainer is told to continue from).
+    base_steps: int = 0
     # Also save the trained model's weights here (a state dict), e.g. to merge later.
     save_model: str = ""
-
-
-def load_target(target_cfg: TargetConfig, run_dir: Path) -> dict:
-    """Target texts and task items, cached per process (Dask workers reuse them)."""
-    what = [target_cfg.texts, target_cfg.text_column, sorted(target_cfg.tasks.items()), target_cfg.task_limit]
-    key = ("target", json.dumps(what), str(run_dir),
-           tuple(_stamp(f) for f in resolve_corpus_files(target_cfg.texts, run_dir)) if target_cfg.texts else ())
-    if key not in _CACHE:
-        texts: list[str] = []
-        if target_cfg.texts:
-            for f in resolve_corpus_files(target_cfg.texts, run_dir):
-                for b in read_documents(f, target_cfg.text_column, ""):
-                    texts += b.texts
-        tasks = {}
-        for name, path in target_cfg.tasks.items():
-            items = _task_items(name, path.replace("{run}", str(run_dir)))
-            tasks[name] = items[: target_cfg.task_limit] if target_cfg.task_limit else items
-        if not texts and not tasks:
-            raise InputError("the target is empty: set target.texts (held-out text) and/or target.tasks")
-        _CACHE[key] = {"texts": texts, "tasks": tasks}
-    return _CACHE[key]
-
-
-def _task_items(name: str, path: str) -> list[dict]:
-    from proxies.evaluate import load_tasks, parse_tasks
-    if not is_url(path):
-        p = Path(path)
-        if not p.exists():
-            raise InputError(f"target task file {p} not found; fix target.tasks.{name}")
-        return load_tasks(p)
-    import io
-
-    from climb.io.remote import errors, info, open_input
-    try:
-        info(path)
-    except InputError as e:
-        raise InputError(f"{e}; fix target.tasks.{name}") from None
-    with open_input(path) as fh, errors(path):
-        return parse_tasks(io.TextIOWrapper(fh, encoding="utf-8"), path)
-
-
-def objective(metrics: dict, target_cfg: TargetConfig) -> float:
-    missing = [m for m in target_cfg.objective if m not in metrics]
-    if missing:
-        raise InputError(f"target.objective names {missing}, but the proxy reported {sorted(metrics)}")
-    return float(np.mean([metrics[m] for m in target_cfg.objective]))
-
-
-def evaluate(model, tokenizer, target_cfg: TargetConfig, run_dir: Path, device: str,
-             bf16: bool | None = None) -> dict:
-    """The target's metrics; `bf16`: score under bf16 autocast (None: on CUDA only)."""
-    from proxies.evaluate import bits_per_byte, evaluate_task
-    target = load_target(target_cfg, run_dir)
-    metrics: dict[str, float] = {}
-    if target["texts"]:
-        metrics["bpb"] = float(bits_per_byte(model, tokenizer, target["texts"], device=device, bf16=bf16))
-    for name, items in target["tasks"].items():
-        res = evaluate_task(model, tokenizer, items, device=device, bf16=bf16)
-        for k in ("acc", "acc_norm", "gold_loss_per_byte"):
-            metrics[f"{name}/{k}"] = float(res[k])
-    return metrics
-
-
-def evaluate_task_metrics(model, tokenizer, task: ProxyTask, device: str) -> dict:
-    """The target's metrics, and the held-out ones (`task.heldout`, a TargetConfig) as heldout/<name>.
-
-    On CUDA a model is scored in the precision it trained in (bf16 autocast only where
-    its training used it); on a CPU in fp32 whatever the training precision.
-    """
-    bf16 = False
-    if device.startswith("cuda"):
-        import torch
-
-        from proxies.train import uses_bf16
-        proxy_cfg: ProxyConfig = task.proxy
-        bf16 = uses_bf16(torch.device(device), proxy_cfg.precision, proxy_cfg.n_embd)
-    metrics = evaluate(model, tokenizer, task.target, Path(task.run_dir), device, bf16)
-    if task.heldout is not None:
-        held = evaluate(model, tokenizer, task.heldout, Path(task.run_dir), device, bf16)
-        metrics.update({f"heldout/{k}": v for k, v in held.items()})
-    return metrics
-
-
-def _stamp(path: Path | str) -> tuple:
-    if is_url(path):
-        return tuple(fingerprint([path])[0])
-    st = path.stat()
-    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def _resources(tokens_dir: Path):
@@ -172,7 +82,7 @@ def _resources(tokens_dir: Path):
     out = TokenizeOutputs(tokens_dir)
     # Keyed by the files' identity too: a long-lived worker must not serve a store
     # that a changed config has since rebuilt in the same folder.
-    key = ("store", str(tokens_dir), _stamp(out.store / "index.json"), _stamp(out.tokenizer))
+    key = ("store", str(tokens_dir), stamp(out.store / "index.json"), stamp(out.tokenizer))
     if key not in _CACHE:
         _CACHE[key] = (TokenStore(out.store), load_tokenizer(out.tokenizer))
     return _CACHE[key]
@@ -186,7 +96,7 @@ def train_and_score(task: ProxyTask) -> dict:
     """Run one proxy: train it (or run proxy.command, or look it up) and score it; one record."""
     t0 = time.time()
     proxy_cfg: ProxyConfig = task.proxy
-    rec = _record(task, lambda: _lookup(task) if proxy_cfg.lookup else _external(task) if proxy_cfg.command
+    rec = _record(task, lambda: _lookup(task) if proxy_cfg.lookup else run_external(task) if proxy_cfg.command
                   else _builtin(task, _deadline(proxy_cfg)))
     rec["seconds"] = round(time.time() - t0, 3)
     return rec
@@ -293,7 +203,7 @@ def _sampler(store, weights, proxy_cfg: ProxyConfig, seed: int, device: str, whe
 def load_base(path: str) -> dict:
     """A shared base's state (proxies.train's paused state), cached per process by the file's identity."""
     import torch
-    key = ("base", path, _stamp(Path(path)))
+    key = ("base", path, stamp(Path(path)))
     if key not in _CACHE:
         for k in [k for k in _CACHE if k[:2] == ("base", path)]:  # a retrained base replaces the old one
             del _CACHE[k]
@@ -367,7 +277,7 @@ def _builtin(task: ProxyTask, deadline: float | None = None) -> tuple[dict, int,
     if task.save_model:
         _save_state(Path(task.save_model), model.state_dict())
     if task.logprobs:
-        _save_logprobs(Path(task.logprobs), model, tok, task, device)
+        save_logprobs(Path(task.logprobs), model, tok, task, device)
     log.info("proxy %s%s: objective inputs %s, %.0f tok/s", task.mixture_id,
              f" (paused at step {task.stop_at})" if task.stop_at else "",
              {k: round(v, 4) for k, v in metrics.items()}, stats["tokens_per_s"])
@@ -389,52 +299,6 @@ def _save_state(path: Path | None, state: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
-
-
-def expert_terms(target_cfg: TargetConfig) -> list[str]:
-    """The objective's terms an expert can score (each bpb or <task>/gold_loss_per_byte), or
-    raise InputError naming the one it cannot."""
-    bad = [m for m in target_cfg.objective if m != "bpb" and not m.endswith("/gold_loss_per_byte")]
-    if bad:
-        raise InputError(f"search.experts scores an objective of bits per byte and gold losses per byte; "
-                         f"{bad} is neither (an accuracy cannot be read from token probabilities)")
-    return list(target_cfg.objective)
-
-
-def _save_logprobs(path: Path, model, tok, task: ProxyTask, device: str) -> None:
-    """The log-probability (float32) of every target token the objective scores, as {path}
-    (.npy), and each token's weight in the objective as {path stem}.coef.npy: the
-    objective is then -sum(coef * logp), the mean of its terms (bpb: the target texts'
-    tokens over ln 2 x bytes; a task's gold loss per byte: each item's gold continuation
-    over its bytes and the task's items)."""
-    from climb.io.files import write_npy
-    from proxies.evaluate import gold_token_logprobs, token_logprobs
-    target = load_target(task.target, Path(task.run_dir))
-    terms = expert_terms(task.target)
-    logps, coefs = [], []
-    for term in terms:
-        if term == "bpb":
-            lp, n_bytes = token_logprobs(model, tok, target["texts"], device=device, bf16=False)
-            logps.append(lp)
-            coefs.append(np.full(len(lp), 1.0 / (math.log(2) * n_bytes)))
-            continue
-        name = term.rsplit("/", 1)[0]
-        if name not in target["tasks"]:
-            raise InputError(f"target.objective names {term}, but target.tasks has no {name!r}")
-        items = gold_token_logprobs(model, tok, target["tasks"][name], device=device, bf16=False)
-        for lp, n_bytes in items:
-            logps.append(lp)
-            coefs.append(np.full(len(lp), 1.0 / (n_bytes * len(items))))
-    logp = np.concatenate(logps).astype(np.float32)
-    coef = np.concatenate(coefs) / len(terms)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_npy(path, logp)
-    write_npy(coef_path(path), coef)
-
-
-def coef_path(logprobs: Path) -> Path:
-    """Where the weights of the tokens in an expert's log-probabilities file are kept."""
-    return logprobs.with_name(logprobs.stem + ".coef.npy")
 
 
 def eval_steps(steps: int, points: int, evals: int) -> list[int]:
@@ -464,101 +328,8 @@ def _extra(proxy_cfg: ProxyConfig, stats: dict, scored: dict[int, dict], final: 
     return out
 
 
-class ProxyTimeout(RuntimeError):
-    """An external proxy ran past proxy.timeout_s."""
-
-
-def _kill_group(proc: subprocess.Popen, grace: float = 3.0) -> None:
-    """SIGTERM the command's process group, then SIGKILL whatever is left after `grace` seconds."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            continue
-        try:  # the leader is gone; are any of its children left in the group?
-            os.killpg(proc.pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return
-        time.sleep(0.1 if sig == signal.SIGTERM else 0)
-
-
-def run_command(cmd: str, timeout_s: float) -> subprocess.CompletedProcess:
-    """Run a shell command in a process group of its own; the group is killed on timeout or
-    when this process is interrupted, so no trainer outlives the proxy it was started for."""
-    proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s if timeout_s > 0 else None)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        try:
-            proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:  # a child that left the group still holds the pipes
-            pass
-        raise ProxyTimeout(f"proxy.command timed out after {timeout_s:g}s (proxy.timeout_s); "
-                           "its process group was killed") from None
-    except BaseException:  # Ctrl-C, SIGTERM (raised by the CLI's handler), anything else
-        _kill_group(proc, grace=1.0)
-        raise
-    _kill_group(proc, grace=1.0)  # anything it left running in the background
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def _metric(v):
-    """A metric value as a float; null and non-numbers as NaN (the record then fails)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return float("nan")
-    return float(v)
-
-
 def _lookup(task: ProxyTask) -> tuple[dict, int]:
     from climb.runtime.lookup import lookup_proxy  # a table of measured results stands in for training
     return lookup_proxy(task)
 
 
-def _external(task: ProxyTask) -> tuple[dict, int]:
-    proxy_cfg: ProxyConfig = task.proxy
-    with tempfile.TemporaryDirectory(prefix="climb-proxy-") as tmp:
-        wfile, out = Path(tmp) / "weights.json", Path(tmp) / "metrics.json"
-        wfile.write_text(json.dumps({"weights": task.weights, "seed": task.seed,
-                                     "mixture_id": task.mixture_id,
-                                     "clusters": list(range(len(task.weights)))}))
-        cmd = proxy_cfg.command.format(weights=shlex.quote(str(wfile)), out=shlex.quote(str(out)))
-        proc = run_command(cmd, proxy_cfg.timeout_s)
-        if proc.returncode != 0:
-            raise RuntimeError(f"proxy.command exited {proc.returncode}: {proc.stderr[-2000:]}")
-        if not out.exists():
-            raise RuntimeError(f"proxy.command wrote no metrics file to {{out}}; stdout: {proc.stdout[-500:]}")
-        try:
-            rec = json.loads(out.read_text())
-        except ValueError as e:
-            raise RuntimeError(f"proxy.command wrote a metrics file that is not JSON ({e})") from None
-    metrics = rec.get("metrics", rec) if isinstance(rec, dict) else {}
-    if not isinstance(metrics, dict):
-        raise RuntimeError(f"proxy.command wrote {type(metrics).__name__} metrics; expected an object")
-    # Numbers are metrics; null (a failed evaluation) is kept so that the record fails.
-    metrics = {k: _metric(v) for k, v in metrics.items()
-               if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))}
-    return metrics, int(rec.get("tokens", 0) or 0), _external_extra(rec)
-
-
-def _external_extra(rec: dict) -> dict:
-    """An external trainer's parameter count and curve, where its metrics file gives them
-    (`"params": int`, `"curve": {"step": [...], "<metric>": [...], ...}`, lists of one length)."""
-    out: dict = {}
-    if isinstance(rec.get("params"), int) and not isinstance(rec["params"], bool):
-        out["params"] = rec["params"]
-    curve = rec.get("curve")
-    if isinstance(curve, dict) and isinstance(curve.get("step"), list) and all(
-            isinstance(v, list) and len(v) == len(curve["step"]) for v in curve.values()):
-        out["curve"] = {k: [_metric(x) if x is not None else None for x in v] if k != "step" else v
-                        for k, v in curve.items()}
-    else:
-        if curve is not None:
-            log.warning("proxy.command's curve is not {\"step\": [...], \"<metric>\": [...]} with lists of one "
-                        "length; it is left out of the record")
-    return out

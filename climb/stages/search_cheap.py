@@ -21,7 +21,7 @@ from climb.optimize.predictor import goal_sign
 from climb.runtime import results as results_log
 from climb.runtime.proxy_runs import coef_path, train_and_score
 from climb.runtime.stage import RunPaths, upstream_key
-from climb.stages.search_common import append, ok_sorted, proxy_task, read_results
+from climb.stages.search_common import append, base_steps, ok_sorted, proxy_task, read_results
 
 log = logging.getLogger(__name__)
 
@@ -152,13 +152,6 @@ def _curve_pairs(paths: RunPaths, before: int) -> list[tuple[float, float]]:
             if r["status"] == "ok" and "rung" in r and r["iteration"] < before]
 
 
-def base_steps(cfg: RunConfig) -> int:
-    """The shared base's steps: search.base of the proxies' steps (0 without a base)."""
-    if not cfg.search.base:
-        return 0
-    return min(cfg.proxy.steps - 1, max(1, round(cfg.search.base * cfg.proxy.steps)))
-
-
 def shared_base(cfg: RunConfig, paths: RunPaths, ex, space: dict) -> str:
     """With `search.base`: the shared base's checkpoint, trained first if it is not there yet
     (one proxy on the natural mixture with the search's seed, paused after base_steps(cfg)
@@ -183,6 +176,8 @@ def shared_base(cfg: RunConfig, paths: RunPaths, ex, space: dict) -> str:
     task = dc_replace(proxy_task(cfg, paths, "base", -4, space["natural"], cfg.search.seed), stop_at=at,
                       checkpoint=str(ckpt))
     rec = ex.map(train_and_score, [task], desc="shared base", resources={"GPU": 1})[0]
+    if rec["status"] == "ok" and not ckpt.exists():
+        rec = {**rec, "status": "failed", "error": f"no checkpoint was written to {ckpt}"}
     if rec["status"] != "ok":
         write_json(rec_file, {"base": rec, "key": key})
         raise RuntimeError(f"the shared base failed ({rec.get('error')}; see {rec_file}); a rerun trains it again, "

@@ -102,7 +102,14 @@ def proxy_task(cfg: RunConfig, paths: RunPaths, mixture_id: str, it: int, weight
     continues (a checkpoint path; "" trains from scratch)."""
     return ProxyTask(mixture_id=mixture_id, iteration=it, weights=tuple(map(float, weights)), seed=seed,
                      tokens_dir=str(paths.tokenize.dir), run_dir=str(paths.root), proxy=cfg.proxy, target=cfg.target,
-                     heldout=heldout, base=base)
+                     heldout=heldout, base=base, base_steps=base_steps(cfg) if base else 0)
+
+
+def base_steps(cfg: RunConfig) -> int:
+    """The shared base's steps: search.base of the proxies' steps (0 without a base)."""
+    if not cfg.search.base:
+        return 0
+    return min(cfg.proxy.steps - 1, max(1, round(cfg.search.base * cfg.proxy.steps)))
 
 
 def run_proxies(cfg: RunConfig, ex, tasks: list[ProxyTask], desc: str, on_record) -> list[dict]:
