@@ -114,3 +114,29 @@ def test_a_base_that_does_not_fit_the_run_is_refused(store):
                                                                                       F * 2), seed=0, base=base)
     with pytest.raises(ValueError, match="not both"):
         train(CFG, TCFG, _sampler(store, NATURAL, 1), seed=0, base=base, resume=base)
+
+
+def test_merged_weights_are_the_weighted_average_of_the_continued_models(store):
+    from proxies.merge import MergedModels, merge_weights
+    base = _base(store)
+    experts = [train(CFG, TCFG, SwitchSampler(None, _sampler(store, np.eye(3)[c], 9), F * 2), seed=0, base=base)[0]
+               for c in range(3)]
+    states = [m.state_dict() for m in experts]
+    w = [0.5, 0.2, 0.3]
+    merged = merge_weights(states, w)
+    for name, t in merged.items():
+        want = sum(wi * s[name].double() for wi, s in zip(w, states))
+        torch.testing.assert_close(t.double(), want, rtol=0, atol=1e-7)
+    model = MergedModels(CFG, states).model(w)
+    for name, p in model.state_dict().items():
+        torch.testing.assert_close(p, merged[name], rtol=0, atol=1e-6, msg=name)
+    # a one-hot merge is that model; the merged model is a model (finite, and it scores tokens)
+    one = MergedModels(CFG, states).model([0.0, 1.0, 0.0])
+    for (name, a), b in zip(one.state_dict().items(), states[1].values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7, msg=name)
+    x = torch.randint(0, 256, (2, 17))
+    assert torch.isfinite(model(x[:, :-1], x[:, 1:])[1])
+    with pytest.raises(ValueError, match="sum to 1"):
+        merge_weights(states, [0.5, 0.5, 0.5])
+    with pytest.raises(ValueError, match="merge weights for 3 models"):
+        MergedModels(CFG, states).model([1.0])

@@ -112,3 +112,59 @@ def test_base_settings_are_checked():
         load_config(None, ["search.base=0.5", "search.experts=0.25"])
     with pytest.raises(ConfigError, match="proxy.lookup"):
         load_config(None, ["search.base=0.5", 'proxy.lookup="m.csv"', 'proxy.lookup_weights="w.csv"'])
+
+
+def test_a_search_on_merged_models_of_the_base(tmp_path, monkeypatch):
+    """search.merge: the base continued on each cluster alone; a mixture's feature is the merged
+    model's objective, equal to a direct computation; the scoring is charged to the account."""
+    import numpy as np
+    import torch
+
+    from climb.runtime.merged import MergedFeature
+    from climb.runtime.proxy_runs import tokenizer_of
+    from climb.runtime.targets import load_target, objective_logprobs
+    from proxies.merge import merge_weights
+    from proxies.model import GPT
+    cfg, paths = _cfg(tmp_path, monkeypatch, merge=True, merge_pool=64, merge_tokens=10**6)
+    stats = search.run(cfg, paths)
+    merge = json.loads(paths.search.merge.read_text())
+    k = stats["clusters"]
+    full = STEPS * 4 * cfg.proxy.seq_len
+    conts = {m: r for m, r in merge.items() if m != "merge-scoring"}
+    assert len(conts) == k == stats["merge_proxies"]
+    assert all(r["base_steps"] == STEPS // 2 and r["tokens"] == full // 2 and max(r["weights"]) == 1.0
+               for r in conts.values())
+    scoring = merge["merge-scoring"]
+    assert scoring["mixtures_scored"] > 0 and scoring["tokens"] == scoring["forward_tokens"] // 3
+    by = compute_account(paths)["by_purpose"]
+    assert by["merge"]["proxies"] == k and by["merge"]["tokens"] == k * full // 2 + scoring["tokens"]
+    q = json.loads(paths.search.quality.read_text())
+    assert len(q["merge_spearman"]) == 2
+    # With the whole target as the sample, a one-hot mixture's feature is that continuation's own
+    # objective, and any mixture's is the objective of the averaged weights.
+    tok = tokenizer_of(paths.tokenize.dir)
+    files = [str(paths.search.merge_model(c)) for c in range(k)]
+    feature = MergedFeature(files, cfg.proxy, cfg.target, tok, paths.root, max_tokens=10**6)
+    assert feature.sample_tokens > 0
+    for c in range(k):
+        assert feature(np.eye(k)[c][None])[0] == pytest.approx(conts[f"merge-{c:03d}"]["objective"], rel=1e-5)
+    w = np.full(k, 1 / k)
+    model = GPT(cfg.proxy.model_config(tok.vocab_size))
+    model.load_state_dict(merge_weights([torch.load(f, weights_only=True) for f in files], w))
+    logp, coef = objective_logprobs(model, tok, cfg.target, load_target(cfg.target, paths.root), "cpu")
+    assert feature(w[None])[0] == pytest.approx(-(coef * logp).sum(), rel=1e-5)
+
+
+def test_the_target_sample_is_fixed_and_sized():
+    from climb.runtime.merged import target_sample
+
+    class Tok:
+        def encode_batch(self, texts):
+            return [t.split() for t in texts]
+    target = {"texts": [f"w{i} " * 10 for i in range(50)],
+              "tasks": {"t": [{"context": "a b c", "continuation": " d e"} for _ in range(40)]}}
+    s1, n1 = target_sample(target, Tok(), 100, seed=3)
+    s2, n2 = target_sample(target, Tok(), 100, seed=3)
+    assert s1 == s2 and n1 == n2
+    assert 5 <= len(s1["texts"]) <= 6 and 10 <= len(s1["tasks"]["t"]) <= 11  # 50 tokens each part
+    assert target_sample(target, Tok(), 1, seed=3)[0]["texts"]  # at least one of each

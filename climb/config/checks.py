@@ -45,6 +45,9 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.search.base and round(cfg.search.base * cfg.proxy.steps) < 1:
         raise ConfigError(f"search.base = {cfg.search.base} of proxy.steps = {cfg.proxy.steps} is no step; "
                           "raise it or set 0")
+    if cfg.search.merge and (cfg.search.merge_pool < 1 or cfg.search.merge_tokens < 1):
+        raise ConfigError(f"search.merge_pool and search.merge_tokens must be at least 1, got "
+                          f"{cfg.search.merge_pool} and {cfg.search.merge_tokens}")
     if cfg.search.merge and not cfg.search.base:
         raise ConfigError("search.merge merges continuations of the shared base; set search.base too (e.g. 0.5)")
     if cfg.search.base and (cfg.search.halving or cfg.search.experts):

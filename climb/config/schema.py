@@ -278,6 +278,11 @@ class SearchConfig:
     # each mixture's feature for the predictor is the objective of the model whose weights
     # are those continuations' averaged by the mixture's weights (merged models, DeMix).
     merge: bool = False
+    # With merge: the candidates each iteration scores (a merged model's evaluation each,
+    # where the other features cost nothing), and the target tokens each is scored on (a
+    # fixed random sample of the target's texts and items).
+    merge_pool: int = 512
+    merge_tokens: int = 4096
 
 
 @dataclass(frozen=True)

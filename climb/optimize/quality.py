@@ -180,6 +180,12 @@ def warnings(q: dict) -> list[str]:
                    f"{skill[-1]:.2f} at the last iteration (want >= {MIN_OOF_SPEARMAN:g}), so the search rests on "
                    "its few proxies alone; turn experts off and train more proxies (search.experts = 0, "
                    "search.iterations), or train the experts longer (a larger search.experts)")
+    merged = [v for v in q.get("merge_spearman") or [] if v is not None]
+    if merged and merged[-1] < MIN_OOF_SPEARMAN:
+        out.append(f"weak merged-model feature: the merged models' objective ranks the measured mixtures with "
+                   f"Spearman {merged[-1]:.2f} at the last iteration (want >= {MIN_OOF_SPEARMAN:g}), so the search "
+                   "rests on its few proxies alone; turn merging off and train more proxies (search.merge = false, "
+                   "search.iterations)")
     for name, c in (q.get("comparison") or {}).items():
         if c.get("verdict") == "not resolved":
             out.append(f"not resolved against {name}: the 95% interval of the difference spans zero with "

@@ -88,6 +88,11 @@ def _resources(tokens_dir: Path):
     return _CACHE[key]
 
 
+def tokenizer_of(tokens_dir) -> object:
+    """The proxies' tokenizer of a tokenize stage's folder (cached per process)."""
+    return _resources(Path(tokens_dir))[1]
+
+
 def _deadline(proxy_cfg: ProxyConfig, n: int = 1) -> float | None:
     return time.monotonic() + n * proxy_cfg.timeout_s if proxy_cfg.timeout_s > 0 else None
 

@@ -69,10 +69,11 @@ def objective(metrics: dict, target_cfg: TargetConfig) -> float:
 
 
 def evaluate(model, tokenizer, target_cfg: TargetConfig, run_dir: Path, device: str,
-             bf16: bool | None = None) -> dict:
-    """The target's metrics; `bf16`: score under bf16 autocast (None: on CUDA only)."""
+             bf16: bool | None = None, target: dict | None = None) -> dict:
+    """The target's metrics; `bf16`: score under bf16 autocast (None: on CUDA only); `target`:
+    a loaded target (or part of one) to score instead of loading target_cfg's."""
     from proxies.evaluate import bits_per_byte, evaluate_task
-    target = load_target(target_cfg, run_dir)
+    target = target if target is not None else load_target(target_cfg, run_dir)
     metrics: dict[str, float] = {}
     if target["texts"]:
         metrics["bpb"] = float(bits_per_byte(model, tokenizer, target["texts"], device=device, bf16=bf16))
@@ -122,7 +123,8 @@ def expert_terms(target_cfg: TargetConfig) -> list[str]:
     return list(target_cfg.objective)
 
 
-def objective_logprobs(model, tok, target_cfg: TargetConfig, target: dict, device: str) -> tuple[np.ndarray, np.ndarray]:
+def objective_logprobs(model, tok, target_cfg: TargetConfig, target: dict,
+                       device: str) -> tuple[np.ndarray, np.ndarray]:
     """The log-probability (float32) of every target token the objective scores, and each
     token's weight in the objective: the objective is then -sum(coef * logp), the mean of its
     terms (bpb: the target texts' tokens over ln 2 x bytes; a task's gold loss per byte: each

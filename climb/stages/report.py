@@ -125,6 +125,10 @@ def _cheaper(cfg: RunConfig, results: list[dict]) -> str:
                      f"(their values predicted from the curves)")
     if cfg.search.experts:
         parts.append(f"after one expert per cluster trained {cfg.search.experts:g} of the steps")
+    if cfg.search.base:
+        parts.append(f"each continuing a shared base trained {cfg.search.base:g} of the steps on the natural mixture")
+    if cfg.search.merge:
+        parts.append("mixtures scored by merging the base's continuations per cluster")
     return f", {'; '.join(parts)}" if parts else ""
 
 
@@ -185,6 +189,10 @@ def quality_lines(q: dict) -> str:
     if q.get("experts_spearman") is not None:
         skill = ", ".join("n/a" if v is None else f"{v:.2f}" for v in q["experts_spearman"])
         lines.append(f"- experts' ensemble loss against the measured results, Spearman by iteration: {skill or 'n/a'}")
+    if q.get("merge_spearman") is not None:
+        skill = ", ".join("n/a" if v is None else f"{v:.2f}" for v in q["merge_spearman"])
+        lines.append(f"- merged models' objective against the measured results, Spearman by iteration: "
+                     f"{skill or 'n/a'}")
     lines += [f"- **warning**: {w}" for w in q.get("warnings", [])]
     return "\n".join(lines)
 

@@ -41,9 +41,10 @@ from climb.optimize.quality import MIN_OOF_SPEARMAN, MIN_SNR, oof_spearman, pool
 from climb.runtime import results as results_log
 from climb.runtime.device import proxy_processes
 from climb.runtime.stage import RunPaths, execute, upstream_key
-from climb.stages.search_cheap import experts_feature, experts_skill, halving, shared_base
+from climb.stages.search_cheap import (experts_feature, experts_skill, halving, merged_feature, record_merge_scoring,
+                                       shared_base)
 from climb.stages.search_common import (append, candidate_pool, final_mixture, fixed_candidates, mixture_space,
-                                        ok_sorted, proxy_task, read_results, run_proxies)
+                                        ok_sorted, pool_size, proxy_task, read_results, run_proxies)
 from climb.stages.search_compare import compare, comparison_table, one_shot, replicates
 from climb.stages.tokenization import cluster_tokens
 
@@ -64,7 +65,7 @@ def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: 
     n = search_cfg.iterations[it]
     fixed = fixed_candidates(cfg, space)
     pool = fixed if fixed is not None else candidate_pool(cfg, space,
-                                                       search_cfg.pool_size if it else max(n * 20, 1000),
+                                                       pool_size(cfg) if it else max(n * 20, 1000),
                                                        search_cfg.seed + 1000 * it)
     ok = ok_sorted(seen)
     X = np.array([r["weights"] for r in ok]).reshape(len(ok), pool.shape[1])
@@ -97,13 +98,14 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
 def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     search_cfg = cfg.search
     oof: list = []
-    skill: list = []  # with experts: how the experts' ensemble loss ranks the measured mixtures
+    skill: list = []  # with experts or merged models: how their feature ranks the measured mixtures
+    feature_name = "merged models' objective" if search_cfg.merge else "experts' ensemble loss"
     results_log.repair(paths.search.results)
     space = mixture_space(cfg, cluster_tokens(paths))
     results = read_results(paths)
     done = {r["mixture_id"] for r in results if not results_log.retry(r, search_cfg.retry_failed)}
     base = shared_base(cfg, paths, ex, space)
-    prior = experts_feature(cfg, paths, ex, space)
+    prior = experts_feature(cfg, paths, ex, space) or merged_feature(cfg, paths, ex, space, base)
     for it in range(len(search_cfg.iterations)):
         plan = plan_iteration(cfg, paths, it, space, [r for r in results if r["iteration"] < it], prior)
         todo = [m for m in plan["mixtures"] if m["mixture_id"] not in done]
@@ -132,14 +134,17 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         oof.append(_oof(cfg, so_far))
         if prior is not None:
             skill.append(experts_skill(cfg, prior, so_far))
+            record_merge_scoring(paths, prior, search_cfg.seed)
         ok = [r for r in so_far if r["status"] == "ok"]
         if ok:
             best = min(ok, key=lambda r: goal_sign(cfg.target.goal) * r["objective"])
             log.info("after iteration %d: best %s = %.4f (%s); predictor out-of-fold Spearman %s%s",
                      it + 1, ",".join(cfg.target.objective), best["objective"], best["mixture_id"],
-                     _fmt(oof[-1]), f"; experts' Spearman with the results {_fmt(skill[-1])}" if skill else "")
+                     _fmt(oof[-1]), f"; the {feature_name}'s Spearman with the results {_fmt(skill[-1])}"
+                     if skill else "")
     results_log.require_successes(results, 2)
     final = final_mixture(cfg, space, results, prior=prior)
+    record_merge_scoring(paths, prior, search_cfg.seed)
     write_json(paths.search.mixture, {**final, "natural": space["natural"].tolist(),
                                       "uniform": space["uniform"].tolist(), "max_weight": space["max_weight"].tolist(),
                                       "goal": cfg.target.goal, "objective": list(cfg.target.objective)})
@@ -152,7 +157,7 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     table, verdicts = comparison_table(cfg, runs)
     quality = _quality(cfg, results, reps, runs, oof)
     if prior is not None:
-        quality["experts_spearman"] = skill
+        quality["merge_spearman" if search_cfg.merge else "experts_spearman"] = skill
     quality["comparison"] = verdicts
     quality["warnings"] = warnings(quality)
     write_json(paths.search.quality, quality)
@@ -167,6 +172,9 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
              "comparison_proxies": sum(len(v) for v in runs.values()),
              "stopped_proxies": sum("stopped" in r for r in results),
              "expert_proxies": len(read_json(paths.search.experts)) if paths.search.experts.exists() else 0,
+             "base_proxies": int(bool(base)),
+             "merge_proxies": sum(k != "merge-scoring" for k in read_json(paths.search.merge))
+             if paths.search.merge.exists() else 0,
              "one_shot_proxies": len(read_json(paths.search.one_shot)) if paths.search.one_shot.exists() else 0}
     return stats
 

@@ -184,3 +184,56 @@ def shared_base(cfg: RunConfig, paths: RunPaths, ex, space: dict) -> str:
                            "or set search.base = 0")
     write_json(rec_file, {"base": {**rec, "base_of": cfg.proxy.steps}, "key": key})
     return str(ckpt)
+
+
+def merged_feature(cfg: RunConfig, paths: RunPaths, ex, space: dict, base: str):
+    """With `search.merge`: continue the shared base on each usable cluster alone (kept in
+    merge/, resumed cluster by cluster) and return each mixture's merged-model objective
+    as a function of weights (climb.runtime.merged.MergedFeature); None without merge."""
+    from dataclasses import replace as dc_replace
+
+    from climb.runtime.merged import MergedFeature
+    from climb.runtime.proxy_runs import tokenizer_of
+    if not cfg.search.merge:
+        return None
+    clusters = [int(c) for c in np.flatnonzero(space["usable"])]
+    out_file, k = paths.search.merge, len(space["usable"])
+    have = read_json(out_file) if out_file.exists() else {}
+    todo = [c for c in clusters if results_log.retry(have.get(f"merge-{c:03d}"), cfg.search.retry_failed)
+            or not paths.search.merge_model(c).exists()]
+    tasks = [dc_replace(proxy_task(cfg, paths, f"merge-{c:03d}", -5, np.eye(k)[c], cfg.search.seed, base=base),
+                        save_model=str(paths.search.merge_model(c))) for c in todo]
+
+    def keep(i: int, rec: dict) -> None:
+        have[tasks[i].mixture_id] = rec
+        write_json(out_file, have)
+    if tasks:
+        log.info("merged models: the base continued on each of %d clusters alone", len(tasks))
+        ex.map(train_and_score, tasks, desc="merged models", resources={"GPU": 1}, on_result=keep, parallel=True)
+    bad = [c for c in clusters if have[f"merge-{c:03d}"]["status"] != "ok"]
+    if bad:
+        raise RuntimeError(f"the base's continuations on clusters {bad} failed (see {out_file}); a rerun trains "
+                           "them again, or set search.merge = false")
+    feature = MergedFeature([str(paths.search.merge_model(c)) for c in clusters], cfg.proxy, cfg.target,
+                            tokenizer_of(paths.tokenize.dir), paths.root, max_tokens=cfg.search.merge_tokens,
+                            seed=cfg.search.seed)
+    cols = np.array(clusters)
+
+    def score(W):
+        return feature(np.asarray(W, float)[:, cols])
+    score.feature = feature
+    score.before = have.get("merge-scoring")  # what a search killed earlier spent scoring
+    return score
+
+
+def record_merge_scoring(paths: RunPaths, prior, seed: int) -> None:
+    """Put the merged models' scoring so far into the compute account (merge.json)."""
+    feature = getattr(prior, "feature", None)
+    if feature is None or not hasattr(feature, "record"):
+        return
+    rec, before = feature.record(seed), getattr(prior, "before", None) or {}
+    for k in ("tokens", "seconds", "forward_tokens", "mixtures_scored"):
+        rec[k] = rec[k] + before.get(k, 0)
+    have = read_json(paths.search.merge)
+    have["merge-scoring"] = rec
+    write_json(paths.search.merge, have)

@@ -105,6 +105,12 @@ def proxy_task(cfg: RunConfig, paths: RunPaths, mixture_id: str, it: int, weight
                      heldout=heldout, base=base, base_steps=base_steps(cfg) if base else 0)
 
 
+def pool_size(cfg: RunConfig) -> int:
+    """Candidates a later iteration (and the final pick) scores: search.pool_size, or with
+    merged models, whose feature is an evaluation per candidate, search.merge_pool."""
+    return cfg.search.merge_pool if cfg.search.merge else cfg.search.pool_size
+
+
 def base_steps(cfg: RunConfig) -> int:
     """The shared base's steps: search.base of the proxies' steps (0 without a base)."""
     if not cfg.search.base:
@@ -153,7 +159,7 @@ def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | 
     X = np.array([r["weights"] for r in ok])
     y = np.array([r["objective"] for r in ok])
     fixed = fixed_candidates(cfg, space)
-    pool = fixed if fixed is not None else candidate_pool(cfg, space, search_cfg.pool_size, search_cfg.seed + 99_991)
+    pool = fixed if fixed is not None else candidate_pool(cfg, space, pool_size(cfg), search_cfg.seed + 99_991)
     strategy = dc_replace(from_search_config(search_cfg), prior=prior)
     if rule is not None:
         strategy = dc_replace(strategy, final=rule, final_top_k=1)

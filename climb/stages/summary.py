@@ -8,18 +8,22 @@ from climb.runtime.stage import RunPaths
 
 
 # The compute account's names for the purposes climb.runtime.results.proxy_records gives, in its order.
-_PURPOSES = {"search": "search", "base": "base", "merge": "merge", "experts": "experts", "replicate": "replicates", "comparison": "comparison",
-             "one-shot": "one-shot", "validation": "validate"}
+_PURPOSES = {"search": "search", "base": "base", "merge": "merge", "experts": "experts", "replicate": "replicates",
+             "comparison": "comparison", "one-shot": "one-shot", "validation": "validate"}
 
 
 def compute_account(paths: RunPaths) -> dict:
     """The proxy compute the run spent, by purpose and in all: proxies, tokens trained on,
     tokens × parameters (and 6× that as training FLOPs; null where a trainer did not report
-    its parameters), and the proxies' own seconds (summed, not wall-clock)."""
+    its parameters), and the proxies' own seconds (summed, not wall-clock). The shared base
+    counts once ("base"); the proxies that continue it count only their own steps; merged
+    models' evaluations count a third of a training token per token scored ("merge")."""
     def account(recs: list[dict]) -> dict:
         tp = [r.get("tokens", 0) * r["params"] for r in recs if "params" in r]
         known = all("params" in r for r in recs if r.get("status") == "ok")
-        return {"proxies": len(recs), "tokens": int(sum(r.get("tokens", 0) or 0 for r in recs)),
+        # A merged-model scoring entry (merge.json) charges forward passes, and trains no proxy.
+        return {"proxies": sum("forward_tokens" not in r for r in recs),
+                "tokens": int(sum(r.get("tokens", 0) or 0 for r in recs)),
                 "token_params": int(sum(tp)) if known else None,
                 "flops": 6 * int(sum(tp)) if known else None,
                 "seconds": round(float(sum(r.get("seconds", 0) or 0 for r in recs)), 1)}
@@ -51,9 +55,11 @@ def search_summary(cfg: RunConfig, paths: RunPaths, n_results: int, n_clusters: 
             "results": {k: float(v) for k, v in comp.items() if v is not None},
             "comparison": sstats.get("verdicts", {}),
             "quality": {k: quality.get(k) for k in ("seed_sd", "paired_sd", "swarm_sd", "snr",
-                                                    "predictor_oof_spearman", "experts_spearman", "warnings")},
+                                                    "predictor_oof_spearman", "experts_spearman", "merge_spearman",
+                                                    "warnings")},
             "proxies_trained": sstats.get("proxies", n_results) + sstats.get("replicate_proxies", 0)
             + sstats.get("comparison_proxies", len(comp) * cfg.search.eval_seeds)
-            + sstats.get("one_shot_proxies", 0) + sstats.get("expert_proxies", 0),
+            + sstats.get("one_shot_proxies", 0) + sstats.get("expert_proxies", 0)
+            + sstats.get("base_proxies", 0) + sstats.get("merge_proxies", 0),
             "clusters": n_clusters,
             "compute": compute_account(paths)}
