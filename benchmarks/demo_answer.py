@@ -1,7 +1,9 @@
 """Does a finished demo run find the demo's known answer?
 
 The demo's target is bits per byte on held-out BBC *tech* articles, so the
-right mixture leans on the clusters rich in tech news. The demo corpus keeps
+right mixture leans on the clusters rich in tech news (or on another section's, with
+`corpus.build = "demo:<section>"`: the figures below are then that section's, still
+under the names `tech_share`). The demo corpus keeps
 each document's section in its `label` column (the pipeline never reads it);
 this script uses it to measure, for a finished run:
 
@@ -54,16 +56,26 @@ def cluster_label_shares(run: Path, label: str = TARGET_LABEL) -> np.ndarray:
     return np.divide(hit, total, out=np.zeros_like(hit), where=total > 0)
 
 
+def held_out_label(run: Path) -> str:
+    """The label of the run's held-out section (the code domain's documents are "python")."""
+    from climb.config import load_config
+    from climb.stages.demo import section
+    build = load_config(run_paths(run).config).corpus.build or "demo"
+    name = section(build)
+    return "python" if name == "code" else name
+
+
 def analyse(run: Path) -> dict:
     paths = run_paths(run)
-    shares = cluster_label_shares(run)
+    label = held_out_label(run)
+    shares = cluster_label_shares(run, label)
     recs = [json.loads(line) for line in paths.search.results.read_text().splitlines() if line.strip()]
     ok = [r for r in recs if r.get("status") == "ok" and r.get("objective") is not None]
     tech = np.array([np.asarray(r["weights"]) @ shares for r in ok])
     obj = np.array([r["objective"] for r in ok])
     rho = float(spearmanr(tech, obj).statistic) if len(ok) > 2 else None
     mix = json.loads(paths.search.mixture.read_text())
-    out = {"run": str(run), "proxies": len(ok), "spearman_tech_share_objective": rho,
+    out = {"run": str(run), "held_out": label, "proxies": len(ok), "spearman_tech_share_objective": rho,
            "tech_share": {k: float(np.asarray(mix[k]) @ shares) for k in ("weights", "natural", "uniform")},
            "cluster_tech_share": [round(float(s), 4) for s in shares]}
     out["tech_share"]["climb"] = out["tech_share"].pop("weights")

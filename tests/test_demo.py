@@ -34,7 +34,7 @@ def test_build_writes_the_expected_files(built):
                      "corpus/part-00003.parquet", "done.json", "target/tech_heldout.jsonl"]
     by_label = dict(BBC, tech=BBC["tech"] - demo.HELDOUT_DOCS, python=demo.CODE_CHUNKS)
     assert stats == {"docs": sum(by_label.values()), "target_docs": demo.HELDOUT_DOCS, "shards": demo.SHARDS,
-                     "by_label": dict(sorted(by_label.items()))}
+                     "held_out": "tech", "by_label": dict(sorted(by_label.items()))}
     assert json.loads((out / "done.json").read_text()) == stats
 
     table = _corpus(out)
@@ -71,7 +71,7 @@ def test_build_is_deterministic_and_done_once(built, tmp_path):
 
 def test_ensure_corpus(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(demo, "build", lambda out: calls.append(out))
+    monkeypatch.setattr(demo, "build", lambda out, held_out: calls.append(out))
     paths = RunPaths(tmp_path / "run")
     demo.ensure_corpus(SimpleNamespace(corpus=SimpleNamespace(build="demo")), paths)
     assert calls == [tmp_path / "run" / "data"]
@@ -79,3 +79,23 @@ def test_ensure_corpus(tmp_path, monkeypatch):
     assert len(calls) == 1
     with pytest.raises(ValueError, match="corpus.build='wiki' is unknown"):
         demo.ensure_corpus(SimpleNamespace(corpus=SimpleNamespace(build="wiki")), paths)
+    with pytest.raises(ValueError, match="corpus.build='demo:weather' is unknown"):
+        demo.ensure_corpus(SimpleNamespace(corpus=SimpleNamespace(build="demo:weather")), paths)
+
+
+def test_another_section_held_out(built, tmp_path):
+    """corpus.build = "demo:sport": the same documents, with 80 sport articles held out instead."""
+    out, stats = built
+    paths = RunPaths(tmp_path / "run")
+    demo.ensure_corpus(SimpleNamespace(corpus=SimpleNamespace(build="demo:sport")), paths)
+    sport = json.loads((paths.data / "done.json").read_text())
+    assert sport["held_out"] == "sport" and sport["docs"] == stats["docs"]
+    assert sport["by_label"] == dict(stats["by_label"], sport=BBC["sport"] - demo.HELDOUT_DOCS, tech=BBC["tech"])
+    target = [json.loads(x) for x in (paths.data / "target" / "sport_heldout.jsonl").read_text().splitlines()]
+    assert len(target) == demo.HELDOUT_DOCS and all(t["id"].startswith("bbc-sport-") for t in target)
+    assert not {t["id"] for t in target} & set(_corpus(paths.data)["id"].to_pylist())
+    all_ids = set(_corpus(out)["id"].to_pylist()) | {json.loads(x)["id"] for x in
+                                                      (out / "target" / "tech_heldout.jsonl").read_text().splitlines()}
+    assert set(_corpus(paths.data)["id"].to_pylist()) | {t["id"] for t in target} == all_ids
+    with pytest.raises(ValueError, match="held out"):  # one run folder, one known answer
+        demo.ensure_corpus(SimpleNamespace(corpus=SimpleNamespace(build="demo")), paths)

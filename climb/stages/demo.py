@@ -8,7 +8,10 @@ Two domains, nothing downloaded at run time:
 
 A fixed, hash-chosen set of tech articles is held out of the corpus and becomes
 the target text: the demo asks for the mixture that minimises bits per byte on
-it, so the right answer (lean on the tech clusters) is known.
+it, so the right answer (lean on the tech clusters) is known. `corpus.build =
+"demo:<section>"` holds out another BBC section (business, entertainment,
+politics, sport) or the code domain (`code`) instead, as
+`target/<section>_heldout.jsonl`: the same corpus with another known answer.
 
     python data/build_demo.py --out runs/demo/data
 """
@@ -27,6 +30,7 @@ from climb.io.files import atomic_path, write_parquet
 
 log = logging.getLogger(__name__)
 TARGET_SECTION = "tech"
+SECTIONS = ("business", "entertainment", "politics", "sport", "tech", "code")
 HELDOUT_DOCS = 80
 CODE_CHUNKS = 600
 CHUNK_CHARS = 2000
@@ -72,35 +76,50 @@ def code_chunks(limit: int = CODE_CHUNKS) -> list[dict]:
     return chunks[:limit]
 
 
-def build(out_dir: str | Path) -> dict:
-    """Write `corpus/part-*.parquet` and `target/tech_heldout.jsonl` under out_dir."""
+def section(build_setting: str) -> str:
+    """The held-out section a `corpus.build` value names ("demo": tech; "demo:<section>")."""
+    name = build_setting.partition(":")[2] or TARGET_SECTION
+    if not build_setting.startswith("demo") or build_setting.partition(":")[0] != "demo" or name not in SECTIONS:
+        raise ValueError(f"corpus.build={build_setting!r} is unknown; use \"demo\", \"demo:<section>\" with a "
+                         f"section of {', '.join(SECTIONS)}, or \"\"")
+    return name
+
+
+def build(out_dir: str | Path, held_out: str = TARGET_SECTION) -> dict:
+    """Write `corpus/part-*.parquet` and `target/<held_out>_heldout.jsonl` under out_dir."""
     out = Path(out_dir)
     marker = out / "done.json"
     if marker.exists():
         return json.loads(marker.read_text())
-    bbc = bbc_articles()
-    target = sorted((d for d in bbc if d["label"] == TARGET_SECTION), key=lambda d: _h(d["id"]))[:HELDOUT_DOCS]
+    docs = bbc_articles() + code_chunks()
+    label = "python" if held_out == "code" else held_out
+    target = sorted((d for d in docs if d["label"] == label), key=lambda d: _h(d["id"]))[:HELDOUT_DOCS]
     held = {d["id"] for d in target}
-    docs = [d for d in bbc if d["id"] not in held] + code_chunks()
+    docs = [d for d in docs if d["id"] not in held]
     docs.sort(key=lambda d: _h("shuffle" + d["id"]))
     for i in range(SHARDS):
         part = docs[i::SHARDS]
         table = pa.table({k: pa.array([d[k] for d in part], pa.string()) for k in ("id", "text", "source", "label")})
         write_parquet(out / "corpus" / f"part-{i:05d}.parquet", table)
-    with atomic_path(out / "target" / f"{TARGET_SECTION}_heldout.jsonl") as tmp:
+    with atomic_path(out / "target" / f"{held_out}_heldout.jsonl") as tmp:
         tmp.write_text("".join(json.dumps({"id": d["id"], "text": d["text"]}) + "\n" for d in target))
-    stats = {"docs": len(docs), "target_docs": len(target), "shards": SHARDS,
+    stats = {"docs": len(docs), "target_docs": len(target), "shards": SHARDS, "held_out": held_out,
              "by_label": {lab: sum(d["label"] == lab for d in docs) for lab in sorted({d["label"] for d in docs})}}
     marker.write_text(json.dumps(stats, indent=2))
     log.info("demo corpus: %d documents in %d shards, %d held-out %s articles as target",
-             len(docs), SHARDS, len(target), TARGET_SECTION)
+             len(docs), SHARDS, len(target), held_out)
     return stats
 
 
 def ensure_corpus(cfg, paths) -> None:
     """Build the demo corpus into `<run>/data` when the config asks for it (corpus.build =
-    "demo"); the pipeline does this before its first stage. A built corpus is kept."""
-    if cfg.corpus.build == "demo":
-        build(paths.data)
-    elif cfg.corpus.build:
-        raise ValueError(f"corpus.build={cfg.corpus.build!r} is unknown; use \"demo\" or \"\"")
+    "demo" or "demo:<section>"); the pipeline does this before its first stage. A built
+    corpus is kept."""
+    if cfg.corpus.build:
+        held_out = section(cfg.corpus.build)
+        done = paths.data / "done.json"
+        built = json.loads(done.read_text()).get("held_out", TARGET_SECTION) if done.exists() else held_out
+        if built != held_out:
+            raise ValueError(f"{paths.data} holds the demo corpus with {built} held out, but corpus.build="
+                             f"{cfg.corpus.build!r}; use another run folder")
+        build(paths.data, held_out)
