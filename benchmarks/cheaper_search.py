@@ -35,6 +35,19 @@ counterpart there.
 
     python benchmarks/cheaper_search.py --preset bench --arms E --seeds 10 11 12 13 14 --train \
         --json benchmarks/results/cheaper_search_bench.json
+
+`--preset tech` and `--preset sport` are the demo on a base folder too (`runs/ctech_base`,
+`runs/csport_base`; sport: `corpus.build = "demo:sport"`, the target 80 held-out sport
+articles), with criterion (c) on the held-out section's share. `--share-baselines`: the
+default's run of the first seed alone trains uniform and natural, and every run of every
+arm and the default is judged against those (the same mixtures with the same comparison
+seeds on the same base give the same proxies; the script checks the mixtures). `--runs
+PREFIX` names the runs `PREFIX_<arm>_s<seed>` (the default's arm is `default`), and the
+base `PREFIX_base` unless the preset shares one. `--json` then writes one file per arm,
+`<json stem>_<arm>.json`.
+
+    python benchmarks/cheaper_search.py --preset bench --runs runs/g32bench --arms B M \
+        --seeds 20 21 22 23 24 25 26 27 --share-baselines --train --json benchmarks/results/cheap32_bench.json
 """
 from __future__ import annotations
 
@@ -65,6 +78,15 @@ PRESETS = {
                                'search.baselines=["uniform","natural"]'], "command": "search",
               "base": "runs/cbench_base", "known_answer": False,
               "default": "runs/cbench_default_s{seed}", "arm": "runs/cbench_{arm}_s{seed}"},
+    "tech": {"config": "pipelines/demo.toml", "sets": [],
+             "default_sets": ["search.experts=0", "search.iterations=[8,8,8,4]"], "command": "search",
+             "base": "runs/ctech_base", "known_answer": True,
+             "default": "runs/ctech_default_s{seed}", "arm": "runs/ctech_{arm}_s{seed}"},
+    "sport": {"config": "pipelines/demo.toml",
+              "sets": ['corpus.build="demo:sport"', 'target.texts=["{run}/data/target/sport_heldout.jsonl"]'],
+              "default_sets": ["search.experts=0", "search.iterations=[8,8,8,4]"], "command": "search",
+              "base": "runs/csport_base", "known_answer": True,
+              "default": "runs/csport_default_s{seed}", "arm": "runs/csport_{arm}_s{seed}"},
 }
 
 
@@ -89,20 +111,24 @@ def train(run: Path, seed: int, sets: list[str], baselines: bool, preset: dict) 
         base = Path(preset["base"])
         if not (base / "tokenize" / "manifest.json").exists():
             _climb(["tokenize", "--run", str(base)] + common, f"{base}.log")
+        if (base / "search").exists():
+            raise SystemExit(f"{base} has a search folder: a base holds embed, cluster and tokenize only")
         shutil.copytree(base, run, copy_function=shutil.copy2)  # copy2 keeps the mtimes the manifests hold
     sets = [f"search.seed={seed}"] + sets + ([] if baselines else ["search.baselines=[]"])
     _climb([preset["command"], "--run", str(run)] + common + [a for s in sets for a in ("--set", s)], f"{run}.log")
 
 
-def judge(arm: str, runs: list[Path], default: list[Path], h: list[Path] | None, known_answer: bool = True) -> dict:
+def judge(arm: str, runs: list[Path], default: list[Path], h: list[Path] | None, known_answer: bool = True,
+          baselines_run: Path | None = None) -> dict:
     from demo_answer import analyse
     from variant_pair import compare
-    out = compare(runs, default, MARGIN, baselines_from_b=True)
+    out = compare(runs, default, MARGIN, baselines_from_b=True, baselines_run=baselines_run)
     tech = [analyse(r)["tech_share"]["climb"] for r in runs] if known_answer else None
     beats = [all(x["baselines"].get(b, {}).get("verdict") == "better" for b in ("uniform", "natural"))
              for x in out["a"]]
     c = out["comparison"]
     res = {"arm": arm, "settings": ARMS.get(arm, []), "seeds": [x["search_seed"] for x in out["a"]],
+           "default_baselines": [x["baselines"] for x in out["b"]],
            "bpb": [x["score"] for x in out["a"]], "default_bpb": [x["score"] for x in out["b"]],
            "diff_vs_default": c, "compute_fraction": out["compute_fraction"], "tech_share": tech,
            "baselines": [x["baselines"] for x in out["a"]],
@@ -127,18 +153,31 @@ def main(argv=None) -> None:
     ap.add_argument("--default", default=None, help="the default's run folder per seed (default: the preset's)")
     ap.add_argument("--arm", default=None, help="an arm's run folder per seed (default: the preset's)")
     ap.add_argument("--train", action="store_true", help="train the runs that are missing first")
+    ap.add_argument("--runs", default="", help="name the runs PREFIX_<arm>_s<seed> (and the base PREFIX_base)")
+    ap.add_argument("--share-baselines", action="store_true",
+                    help="only the first seed's default run trains uniform and natural; every run is judged on them")
+    ap.add_argument("--order", choices=["arms", "seeds"], default="arms",
+                    help="train arm by arm, or seed by seed (every arm of a seed before the next seed)")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
-    preset = PRESETS[args.preset]
+    preset = dict(PRESETS[args.preset])
+    if args.runs:
+        preset.update(default=f"{args.runs}_default_s{{seed}}", arm=f"{args.runs}_{{arm}}_s{{seed}}")
+        if preset["base"] and args.preset != "bench":  # the bench's base is shared with its earlier tests
+            preset["base"] = f"{args.runs}_base"
     default = [Path((args.default or preset["default"]).format(seed=s)) for s in args.seeds]
     arms = {a: [Path((args.arm or preset["arm"]).format(arm=a, seed=s)) for s in args.seeds] for a in args.arms}
+    shared = default[0] if args.share_baselines else None
     if args.train:
-        for s, run in zip(args.seeds, default):
-            train(run, s, preset["default_sets"], baselines=True, preset=preset)
-        for a, runs in arms.items():
-            for s, run in zip(args.seeds, runs):
-                train(run, s, ARMS[a], baselines=False, preset=preset)
-    results = [judge(a, runs, default, arms.get("H") if a != "H" else None, preset["known_answer"])
+        jobs = [(default[i], s, preset["default_sets"], shared is None or i == 0) for i, s in enumerate(args.seeds)]
+        jobs += [(runs[i], s, ARMS[a], False) for a, runs in arms.items() for i, s in enumerate(args.seeds)]
+        if args.order == "seeds":
+            jobs.sort(key=lambda j: args.seeds.index(j[1]))  # stable: the default first in each seed
+        if shared is not None:  # the run that trains the baselines goes first
+            jobs.sort(key=lambda j: j[0] != shared)
+        for run, s, sets, baselines in jobs:
+            train(run, s, sets, baselines=baselines, preset=preset)
+    results = [judge(a, runs, default, arms.get("H") if a != "H" else None, preset["known_answer"], shared)
                for a, runs in arms.items()]
     for r in results:
         c = r["diff_vs_default"]
@@ -149,9 +188,17 @@ def main(argv=None) -> None:
               + f"; - default {c['diff']:+.4f} {ci} ({c['verdict']})"
               + (f"; - H {r['diff_vs_H']['diff']:+.4f}" if "diff_vs_H" in r else "")
               + f"; criteria {r['criteria']}; passes: {r['passes']}")
-    if args.json:
-        write_result(Path(args.json), {"preset": args.preset, "margin": MARGIN, "tech_min": TECH_MIN, "fraction_max": FRACTION_MAX,
-                                       "default_runs": [str(d) for d in default], "arms": results}, indent=1)
+    if args.json and args.runs:  # one file per arm
+        for r in results:
+            path = Path(args.json)
+            write_result(path.with_name(f"{path.stem}_{r['arm']}{path.suffix}"),
+                         {"preset": args.preset, "margin": MARGIN, "tech_min": TECH_MIN, "fraction_max": FRACTION_MAX,
+                          "default_runs": [str(d) for d in default], "baselines_run": str(shared) if shared else None,
+                          **r}, indent=1)
+    elif args.json:
+        write_result(Path(args.json), {"preset": args.preset, "margin": MARGIN, "tech_min": TECH_MIN,
+                                       "fraction_max": FRACTION_MAX, "default_runs": [str(d) for d in default],
+                                       "arms": results}, indent=1)
 
 
 if __name__ == "__main__":

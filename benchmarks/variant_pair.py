@@ -95,7 +95,11 @@ def baseline_verdicts(run: Path, source: Path | None = None) -> dict:
     return out
 
 
-def compare(a_runs: list[Path], b_runs: list[Path], margin: float, baselines_from_b: bool = False) -> dict:
+def compare(a_runs: list[Path], b_runs: list[Path], margin: float, baselines_from_b: bool = False,
+            baselines_run: Path | None = None) -> dict:
+    """A against B paired by search seed; each run's found mixture against the baselines (its
+    own, its B run's with `baselines_from_b`, or with `baselines_run` every run's, A and B,
+    against that one run's)."""
     from climb.optimize.quality import paired_comparison
     if len(a_runs) != len(b_runs):
         raise SystemExit(f"--a has {len(a_runs)} runs and --b {len(b_runs)}: give one pair per search seed")
@@ -111,9 +115,11 @@ def compare(a_runs: list[Path], b_runs: list[Path], margin: float, baselines_fro
     fraction = compute_fraction([x["search_compute"] for x in a], [y["search_compute"] for y in b])
     for x, y in zip(a, b):
         for side, other in ((x, y), (y, None)):
+            source = Path(other["run"]) if baselines_from_b and other else None
+            if baselines_run is not None and Path(side["run"]) != Path(baselines_run):
+                source = Path(baselines_run)
             try:
-                side["baselines"] = baseline_verdicts(Path(side["run"]),
-                                                      Path(other["run"]) if baselines_from_b and other else None)
+                side["baselines"] = baseline_verdicts(Path(side["run"]), source)
             except FileNotFoundError:  # no comparison records kept (a summary-only run)
                 side["baselines"] = {}
         if baselines_from_b and not any(k in x["baselines"] for k in ("uniform", "natural")):

@@ -207,6 +207,33 @@ def test_gp_equals_sklearn_at_fixed_hyperparameters(kernel):
     np.testing.assert_allclose(np.sqrt(var), std * gp.ys, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("kernel,linear", [("matern52", False), ("rbf", False), ("matern52", True)])
+def test_gp_evidence_gradient_is_the_derivative_of_the_evidence(kernel, linear):
+    """The hand-written gradient of the negative log evidence (plus the lengthscale prior)
+    against finite differences of the function itself (scipy.optimize.check_grad), at
+    random hyperparameters of every kind: lengthscales, signal, noise, the linear trend."""
+    from scipy.optimize import approx_fprime, check_grad
+
+    from climb.optimize.gp import GPPredictor
+    X, y = swarm(30, seed=5)
+    gp = GPPredictor(kernel=kernel, linear=linear)
+    F = np.log(X + gp.eps)
+    F = (F - F.mean(0)) / F.std(0)
+    yz = (y - y.mean()) / y.std()
+    d = F.shape[1]
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        th = np.r_[rng.normal(np.log(np.sqrt(d)), 0.5, d), rng.normal(0, 0.5), rng.uniform(-5, -1),
+                   [rng.normal(-2, 0.5)] if linear else []]
+        f = lambda t: gp._nll(t, F, yz)[0]  # noqa: E731
+        g = lambda t: gp._nll(t, F, yz)[1]  # noqa: E731
+        err = check_grad(f, g, th, epsilon=1e-6)
+        assert err < 1e-4 * max(1.0, np.linalg.norm(g(th))), (err, np.linalg.norm(g(th)))
+        np.testing.assert_allclose(g(th), approx_fprime(th, f, 1e-6), rtol=1e-3, atol=1e-4)
+    # and the gradient is not trivially zero where the evidence is not flat
+    assert np.linalg.norm(g(th)) > 1e-2
+
+
 def test_the_config_names_the_registered_predictors():
     """climb.config checks names without importing the predictors; the two lists must agree."""
     from climb.config import SEARCH_PREDICTORS
