@@ -64,6 +64,12 @@ ARMS = {
     "H": ["search.iterations=[4,4,2,2]"],
     "S": ["search.iterations=[8,8,2]", "search.halving=[0.25,0.25]"],
     "E": ["search.iterations=[4,2,2]", "search.experts=0.25"],
+    # A shared base (BENCHMARKS.md, "From a shared base, on task targets too?"): every search proxy and
+    # replicate continues one base trained 0.55 of the steps on the natural mixture.
+    "B": ["search.experts=0", "search.iterations=[8,8,8,4]", "search.base=0.55"],
+    # Merged models of the base's continuations per cluster as the predictor's feature, fewer proxies.
+    "M": ["search.experts=0", "search.iterations=[6,6,4]", "search.base=0.6", "search.merge=true",
+          "search.merge_pool=256", "search.merge_tokens=2048"],
 }
 TECH_MIN, MARGIN, FRACTION_MAX = 0.6, 0.01, 0.5
 

@@ -96,7 +96,7 @@ class ExpertPrior:
         self.intercept = float(np.mean(y - self.slope * f))
         self.residual = y - self.intercept - self.slope * f
         self.base.fit(X, self.residual)
-        log.info("expert prior: measured = %.4f + %.4f x ensemble bpb (+ %s on the residual)", self.intercept,
+        log.info("feature prior: measured = %.4f + %.4f x feature (+ %s on the residual)", self.intercept,
                  self.slope, getattr(self.base, "name", "base"))
         return self
 
