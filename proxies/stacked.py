@@ -246,7 +246,8 @@ def _continue(base: dict, model: StackedGPT, optimizer, losses: torch.Tensor, ta
     if not 0 < step < train_cfg.steps or len(base["losses"]) != step:
         raise ValueError(f"cannot continue a base paused at step {step} of {len(base['losses'])} losses "
                          f"in a run of {train_cfg.steps} steps")
-    gpt = GPT(cfg).to("meta")
+    with torch.device("meta"):  # built there, not moved there: moving would untie a tied head
+        gpt = GPT(cfg)
     # The optimizer numbers parameters group by group (proxies.train.param_groups).
     named = list(gpt.named_parameters())
     gpt_order = [n for n, p in named if p.dim() >= 2] + [n for n, p in named if p.dim() < 2]

@@ -3,6 +3,8 @@ base's data first, one by one and stacked; and merged models are weighted averag
 
 Run: PYTHONPATH=. python -m pytest tests/test_proxies_base.py -q
 """
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -80,7 +82,11 @@ def test_a_continuation_has_no_data_before_its_base(store):
     assert (s.sample_windows() == ref.sample_windows()).all()
 
 
-def test_stacked_continuation_equals_one_by_one(store):
+@pytest.mark.parametrize("tied", [False, True])
+def test_stacked_continuation_equals_one_by_one(store, tied, monkeypatch):
+    if tied:  # a head tied to the embedding is one parameter in both layouts
+        monkeypatch.setattr(sys.modules[__name__], "CFG", GPTConfig(vocab_size=256, n_layer=2, n_head=2, n_embd=32,
+                                                                    seq_len=16, tie_embeddings=True))
     base = _base(store)
     seeds = [100, 101, 100]
     single = [train(CFG, TCFG, SwitchSampler(None, _sampler(store, w, s), F * 2), seed=0, base=base)

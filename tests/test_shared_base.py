@@ -168,3 +168,24 @@ def test_the_target_sample_is_fixed_and_sized():
     assert s1 == s2 and n1 == n2
     assert 5 <= len(s1["texts"]) <= 6 and 10 <= len(s1["tasks"]["t"]) <= 11  # 50 tokens each part
     assert target_sample(target, Tok(), 1, seed=3)[0]["texts"]  # at least one of each
+
+
+def test_stacked_proxies_continue_the_base_as_one_by_one_do(tmp_path, monkeypatch):
+    """The GPU's path: search proxies stacked into one model continue the base as the
+    one-by-one path does (the same records, to float tolerance)."""
+    cfg, paths = _cfg(tmp_path, monkeypatch)
+    search.run(cfg, paths)
+    single = {r["mixture_id"]: r for r in search.read_results(paths)}
+    stacked_cfg = dataclasses.replace(cfg, proxy=dataclasses.replace(cfg.proxy, swarm="stacked", swarm_size=4))
+    other = tmp_path / "stacked"
+    import shutil
+    shutil.copytree(paths.root, other, copy_function=shutil.copy2, ignore=shutil.ignore_patterns("search"))
+    from climb.runtime.stage import RunPaths
+    opaths = RunPaths(other)
+    search.run(stacked_cfg, opaths)
+    stacked = {r["mixture_id"]: r for r in search.read_results(opaths)}
+    assert stacked.keys() == single.keys()
+    assert any(r.get("stacked") for r in stacked.values())
+    for m, r in stacked.items():
+        assert r["base_steps"] == single[m]["base_steps"] and r["tokens"] == single[m]["tokens"]
+        assert r["objective"] == pytest.approx(single[m]["objective"], rel=1e-3)
