@@ -222,7 +222,7 @@ def test_export_to_a_local_destination(tmp_path, monkeypatch, caplog):
     pipeline.run_stage("export", cfg, paths.root)
     edir = paths.root / "export"
     want = {p.relative_to(edir).as_posix(): pq.read_table(p) for p in (edir / "data").rglob("*.parquet")}
-    blend = (edir / "megatron_blend.txt").read_text().split()
+    files = json.loads((edir / "mixture.json").read_text())["files"]
     dest = tmp_path / "published"
     moved = dataclasses.replace(cfg, export=dataclasses.replace(cfg.export, destination=str(dest)))
     stats = export.run(moved, paths)
@@ -230,9 +230,9 @@ def test_export_to_a_local_destination(tmp_path, monkeypatch, caplog):
     assert sorted(got) == sorted(want) and len(want) > 2 and all(got[k].equals(want[k]) for k in want)
     assert not (edir / "data").exists() and not list(dest.rglob(".*"))
     # The blend files name the shards where they are now, here and in the run folder.
-    moved_blend = (dest / "megatron_blend.txt").read_text().split()
-    assert moved_blend[::2] == blend[::2] and moved_blend[1::2] == [str(dest / p) for p in blend[1::2]]
-    assert (edir / "megatron_blend.txt").read_text() == (dest / "megatron_blend.txt").read_text()
+    moved_files = json.loads((dest / "mixture.json").read_text())["files"]
+    assert moved_files == {c: [str(dest / p) for p in fs] for c, fs in files.items()}
+    assert (edir / "interleave.json").read_text() == (dest / "interleave.json").read_text()
     inter = json.loads((dest / "interleave.json").read_text())
     assert sorted(f for fs in inter["data_files"] for f in fs) == sorted(str(dest / k) for k in want)
     assert export.run(moved, paths)["skipped_stage"]

@@ -50,7 +50,7 @@ def test_the_card_loads_with_datasets_and_matches_the_mixture(exported):
     for c, w in enumerate(mix["weights"]):
         assert f"| {c} |" in text and f"{w:.4f}" in text
     assert f"{stats['rows']:,} rows" in text and "proxy models trained" in text
-    assert "megatron_blend.txt" in text and "not validated" in text
+    assert "interleave.json" in text and "not validated" in text
 
 
 def test_the_card_goes_with_the_data_to_a_destination(exported, tmp_path):

@@ -96,7 +96,7 @@ def test_s3_run_reads_resumes_and_exports(tmp_path, s3, corpus, monkeypatch, cap
                         for p in (local_run / "export" / "data").rglob("*.parquet"))
     assert len(local_data) > 4
     objects = _objects(s3, "mixtures/run-1")
-    assert objects == sorted(local_data + ["README.md", "interleave.json", "megatron_blend.txt", "mixture.json"])
+    assert objects == sorted(local_data + ["README.md", "interleave.json", "mixture.json"])
     assert not any(".climb-tmp" in p for p in s3.fs.find(s3.bucket))
     for rel in local_data:
         with s3.fs.open(f"{s3.bucket}/mixtures/run-1/{rel}") as fh:
@@ -104,11 +104,10 @@ def test_s3_run_reads_resumes_and_exports(tmp_path, s3, corpus, monkeypatch, cap
     assert not (run / "export" / "data").exists()
 
     # The blend files name the shards in the bucket, and are the same in the run folder.
-    blend = s3.fs.cat(f"{s3.bucket}/mixtures/run-1/megatron_blend.txt").decode().split()
-    assert blend == (run / "export" / "megatron_blend.txt").read_text().split()
-    local_blend = (local_run / "export" / "megatron_blend.txt").read_text().split()
-    assert blend[::2] == local_blend[::2] and blend[1::2] == [f"{dest}/{p}" for p in local_blend[1::2]]
     inter = json.loads(s3.fs.cat(f"{s3.bucket}/mixtures/run-1/interleave.json"))
+    assert inter == json.loads((run / "export" / "interleave.json").read_text())
+    local_inter = json.loads((local_run / "export" / "interleave.json").read_text())
+    assert inter["probabilities"] == local_inter["probabilities"]
     files = [f for fs in inter["data_files"] for f in fs]
     assert sorted(files) == [f"{dest}/{p}" for p in local_data] and all(s3.fs.exists(f) for f in files)
     mix = json.loads(s3.fs.cat(f"{s3.bucket}/mixtures/run-1/mixture.json"))

@@ -86,6 +86,11 @@ def check_config(cfg: RunConfig) -> None:
     _check_model(cfg.proxy, "proxy")
     if not 0 < cfg.search.epoch_cap:
         raise ConfigError(f"search.epoch_cap must be positive, got {cfg.search.epoch_cap}")
+    if cfg.export.format not in ("parquet", "megatron", "both"):
+        raise ConfigError(f"export.format must be \"parquet\", \"megatron\" or \"both\", got {cfg.export.format!r}")
+    if cfg.export.format != "parquet" and cfg.export.tokenizer in ("", "bytes"):
+        raise ConfigError("export.format = \"megatron\" writes your trainer's token ids: set export.tokenizer to its "
+                          "tokenizer.json (or a folder or installed model holding one)")
     if cfg.export.long_docs not in ("truncate", "skip"):
         raise ConfigError(f"export.long_docs must be 'truncate' or 'skip', got {cfg.export.long_docs!r}")
     if bool(cfg.proxy.lookup) != bool(cfg.proxy.lookup_weights):

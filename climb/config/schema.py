@@ -341,6 +341,14 @@ class ExportConfig:
     # place whole, the blend files last. <run>/export keeps the manifest and a copy
     # of the blend files.
     destination: str = ""
+    # What to write: "parquet" (id, text, cluster, epoch per row; the default),
+    # "megatron" (one Megatron-LM indexed dataset, .bin + .idx, per cluster, in the ids
+    # of export.tokenizer, which must then be your trainer's; needs megatron-core), or
+    # "both".
+    format: str = "parquet"
+    # The end-of-document token every Megatron document ends with; "" = the tokenizer's
+    # own (the first of <|endoftext|>, <|end_of_text|>, </s>, <eos>, [SEP] it has).
+    eod: str = ""
 
 
 @dataclass(frozen=True)

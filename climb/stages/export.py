@@ -14,11 +14,16 @@ reached are compared with those asked for, with a warning beyond
 `export.weight_tolerance`. With `export.token_budget = 0` the budget is the
 largest one at which no cluster exceeds its cap.
 
-Output, under `<run>/export/`:
-- `data/cluster_XXXXX/part-<shard>.parquet`: id, text, cluster, epoch
+Output, under `<run>/export/`, by `export.format` ("parquet", the default; "megatron"; "both"):
+- `data/cluster_XXXXX/<shard>-<n>.parquet`: id, text, cluster, epoch (parquet), `<shard>` the
+  corpus file's name (`part-00000-000.parquet` for the corpus's `part-00000.parquet`)
+- `megatron/cluster_XXXXX.{bin,idx}`: one Megatron indexed dataset per cluster, in the
+  trainer's token ids (megatron; climb.stages.export_megatron)
 - `mixture.json`: weights per cluster, realised tokens, files
-- `megatron_blend.txt`: `w1 prefix1 w2 prefix2 ...` for `--data-path`
-- `interleave.json`: file lists and probabilities for `datasets.interleave_datasets`
+- `megatron_blend.txt`: `w1 prefix1 w2 prefix2 ...` for Megatron-LM's `--data-path`,
+  the weights realised in the trainer's tokens (megatron)
+- `interleave.json`: file lists, row probabilities that realise the token weights, and
+  the stopping strategy that reads every row once, for `datasets.interleave_datasets` (parquet)
 - `README.md`: the dataset card (climb.stages.export_card), so that
   `datasets.load_dataset(<folder>)` reads the data as it is, here or on the Hub
 - `counts/<shard>.npy`: each document's size in `export.tokenizer`'s unit, where
@@ -56,7 +61,7 @@ from climb.io.files import (InputError, file_stamp, is_url, local_path, read_ali
                             write_json, write_npy, write_parquet, write_text)
 from climb.io.mixture import check_weights
 from climb.runtime.stage import RunPaths, execute, upstream_key
-from climb.stages import export_units
+from climb.stages import export_megatron, export_units
 from climb.stages.cluster import load_assignments
 
 log = logging.getLogger(__name__)
@@ -174,17 +179,28 @@ class ExportTask:
     rows_per_shard: int
     seed: int
     done: str
+    # export.format, and for Megatron: the counting pass's sizes and ids, the end-of-document
+    # id, the token dtype and where the shard's parts of each cluster go.
+    format: str = "parquet"
+    counts: str = ""
+    ids: str = ""
+    eod: int = -1
+    dtype: str = ""
+    parts: str = ""
 
 
 @dataclass(frozen=True)
 class CountTask:
-    """One corpus shard whose documents to size in export.tokenizer's unit."""
+    """One corpus shard whose documents to size in export.tokenizer's unit (and, for Megatron,
+    whose ids to keep: `ids`, of `dtype`)."""
     shard: str
     path: str
     corpus: CorpusConfig
     assignments: str
     units: str
     out: str
+    ids: str = ""
+    dtype: str = ""
 
 
 def counts_file(paths: RunPaths, shard: str) -> Path:
@@ -192,17 +208,28 @@ def counts_file(paths: RunPaths, shard: str) -> Path:
 
 
 def count_shard(task: CountTask) -> int:
-    """Each document's size in the unit (0 for pruned ones), saved for the shard."""
+    """Each document's size in the unit (0 for pruned ones), saved for the shard; with `ids`,
+    the kept documents' ids too, from the same tokenisation."""
     from climb.stages.cluster import read_assignments
     clusters = read_assignments(Path(task.assignments))["cluster"].to_numpy()
     units = export_units.load(task.units)
     sizes = np.zeros(len(clusters), dtype=np.int64)
+    kept_ids: list[np.ndarray] = []
     for start, b in read_aligned(task.path, task.corpus, len(clusters)):
         rows = np.arange(start, start + len(b.texts))
         keep = clusters[rows] >= 0
-        if keep.any():
-            sizes[rows[keep]] = units.count([t for t, k in zip(b.texts, keep) if k])
+        if not keep.any():
+            continue
+        texts = [t for t, k in zip(b.texts, keep) if k]
+        if task.ids:
+            ids = units.encode(texts)
+            sizes[rows[keep]] = [len(x) + 1 for x in ids]  # + the end-of-document token
+            kept_ids += ids
+        else:
+            sizes[rows[keep]] = units.count(texts)
     Path(task.out).parent.mkdir(parents=True, exist_ok=True)
+    if task.ids:  # the ids first: a shard with its counts file is counted
+        export_megatron.write_ids(Path(task.ids), kept_ids, np.dtype(task.dtype))
     write_npy(task.out, sizes)
     return len(clusters)
 
@@ -219,46 +246,66 @@ def _already_written(task: ExportTask) -> dict | None:
     files = [f for fs in got["files"].values() for f in fs]
     if not is_url(task.dest) and not all((Path(task.dest) / f).is_file() for f in files):
         return None
+    if export_megatron.wants(task.format, "megatron") and not all(
+            Path(f"{Path(task.parts) / rel}.idx").is_file() for rel in got.get("megatron", {}).values()):
+        return None
     return got
 
 
 def write_shard(task: ExportTask) -> dict:
-    """Write the chosen documents of one corpus shard, grouped by cluster (once: see `_already_written`)."""
+    """Write the chosen documents of one corpus shard, grouped by cluster (once: see `_already_written`):
+    Parquet files, and/or the shard's part of each cluster's Megatron dataset."""
     got = _already_written(task)
     if got is not None:
         return got
     copies = np.load(task.copies)
     clusters = np.load(task.clusters)
     cut = np.load(task.cut)
+    parquet, megatron = export_megatron.wants(task.format, "parquet"), export_megatron.wants(task.format, "megatron")
+    ids = (export_megatron.doc_ids(np.load(task.counts), np.load(task.ids), np.flatnonzero(copies))
+           if megatron else {})
     cutter = None
     rows: dict[int, dict[str, list]] = {}
     for start, b in read_aligned(task.path, task.corpus, len(copies)):
         for row, (doc_id, text) in enumerate(zip(b.ids, b.texts), start):
             for e in range(int(copies[row])):
-                r = rows.setdefault(int(clusters[row]), {"id": [], "text": [], "epoch": []})
+                r = rows.setdefault(int(clusters[row]), {"id": [], "text": [], "epoch": [], "ids": []})
                 r["id"].append(doc_id)
-                if cut[row] and e == copies[row] - 1:
+                last_cut = bool(cut[row]) and e == copies[row] - 1
+                if megatron:  # a cut document keeps its first ids and, after them, the end-of-document token
+                    r["ids"].append(ids[row][:int(cut[row]) - 1] if last_cut else ids[row])
+                if not parquet:
+                    r["text"].append("")
+                elif last_cut:
                     cutter = cutter or _cutter(task)
                     r["text"].append(cutter(text, int(cut[row])))
                 else:
                     r["text"].append(text)
                 r["epoch"].append(e)
-    files = {}
+    files, parts = {}, {}
     rng = np.random.default_rng(task.seed)
     schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("cluster", pa.int32()), ("epoch", pa.int32())])
     for c, r in sorted(rows.items()):
         order = rng.permutation(len(r["id"]))
         n = len(order)
+        if megatron:  # in the order of the Parquet rows
+            rel = f"cluster_{c:05d}/{task.shard}"
+            export_megatron.write_part(Path(task.parts) / rel, [r["ids"][i] for i in order], task.eod,
+                                       np.dtype(task.dtype))
+            parts[c] = rel
+        if not parquet:
+            continue
         for part, s in enumerate(range(0, n, task.rows_per_shard)):
             idx = order[s:s + task.rows_per_shard]
             table = pa.table({"id": [r["id"][i] for i in idx], "text": [r["text"][i] for i in idx],
                               "cluster": np.full(len(idx), c, np.int32), "epoch": [r["epoch"][i] for i in idx]},
                              schema=schema)
-            rel = f"data/cluster_{c:05d}/part-{task.shard}-{part:03d}.parquet"
+            rel = f"data/cluster_{c:05d}/{task.shard}-{part:03d}.parquet"
             dest = task.dest
             write_parquet(join(dest, rel), table, staging=dest if is_url(dest) else None)
             files.setdefault(c, []).append(rel)
-    got = {"shard": task.shard, "files": files, "rows": int(copies.sum())}
+    got = {"shard": task.shard, "files": files, "rows": int(copies.sum()),
+           **({"megatron": parts} if megatron else {})}
     write_json(task.done, got)
     return got
 
@@ -301,6 +348,9 @@ def check_destination(cfg: RunConfig, paths: RunPaths) -> None:
     """Fail before any stage runs where the destination cannot work (no package, no bucket, no access)
     or export.tokenizer cannot be loaded."""
     export_units.check(cfg.export.tokenizer)
+    export_megatron.check_ready(cfg.export.tokenizer, cfg.export.format)
+    if export_megatron.wants(cfg.export.format, "megatron"):
+        export_units.load(cfg.export.tokenizer).eod_id(cfg.export.eod)
     dest = destination(cfg, paths)
     if dest and is_url(dest):
         from climb.io.remote import check_destination as check
@@ -393,10 +443,13 @@ def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: 
     mix_file = paths.search.mixture
     w = check_weights(weights if weights is not None else read_json(mix_file)["weights"], paths.n_clusters(),
                       "weights given" if weights is not None else str(mix_file))
+    megatron = export_megatron.wants(cfg.export.format, "megatron")
+    trainer = megatron and _megatron_settings(cfg)
     if cfg.export.tokenizer != export_units.PROXY:
-        _count(cfg, paths, ex)
+        _count(cfg, paths, ex, trainer)
     plan = _plan(cfg, paths, w)
-    parts = ex.map(write_shard, _shard_tasks(cfg, paths, plan, dest), desc="export")
+    tasks = _shard_tasks(cfg, paths, plan, dest, trainer)
+    parts = ex.map(write_shard, tasks, desc="export")
     by_cluster: dict[int, list[str]] = {}
     for p in parts:
         for c, fs in p["files"].items():
@@ -407,10 +460,18 @@ def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: 
         raise InputError("the export selected no documents; check the weights and export.token_budget")
     real_w = realised / total
     rels = [f for fs in by_cluster.values() for f in fs]
+    prefixes: dict[int, str] = {}
+    if megatron:
+        prefixes = export_megatron.merge_clusters(paths.export.dir / "megatron-parts", paths.export.dir,
+                                                  plan["shards"], parts, np.dtype(trainer["dtype"]), dest)
+        rels += [f"megatron/cluster_{c:05d}{ext}" for c in prefixes for ext in (".bin", ".idx")]
     if dest:  # the blend files name the shards where they are
         by_cluster = {c: [join(dest, f) for f in fs] for c, fs in by_cluster.items()}
-    blends = _blend_files(w, real_w, plan, by_cluster)
+    blends = _blend_files(w, real_w, plan, by_cluster, prefixes)
     stats = _stats(cfg, w, real_w, plan, by_cluster, dest)
+    if megatron:
+        stats["megatron"] = {**export_megatron.stats_of(prefixes, paths.export.dir, dest), "dtype": trainer["dtype"],
+                             "eod": trainer["eod"]}
     from climb.stages.export_card import card
     blends["README.md"] = card(cfg, paths, w, real_w, plan, by_cluster, stats, weights is not None)
     for name, text in blends.items():
@@ -420,12 +481,23 @@ def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: 
     return stats
 
 
-def _count(cfg: RunConfig, paths: RunPaths, ex) -> None:
-    """Size every kept document in export.tokenizer's unit, one task per shard not yet counted."""
+def _megatron_settings(cfg: RunConfig) -> dict:
+    """The trainer's end-of-document id and the token dtype megatron-core picks for its vocabulary."""
+    units = export_units.load(cfg.export.tokenizer)
+    return {"eod": units.eod_id(cfg.export.eod), "dtype": export_megatron.dtype_for(units.vocab_size).name}
+
+
+def _count(cfg: RunConfig, paths: RunPaths, ex, trainer: dict | bool = False) -> None:
+    """Size every kept document in export.tokenizer's unit, one task per shard not yet counted;
+    for Megatron (`trainer`) keep their ids from the same pass."""
     files = paths.shard_files(cfg)
+
+    def ids(s: str) -> str:
+        return str(export_megatron.ids_file(counts_file(paths, s))) if trainer else ""
     tasks = [CountTask(shard=s, path=str(files[s]), corpus=cfg.corpus, assignments=str(paths.cluster.assignments(s)),
-                       units=cfg.export.tokenizer, out=str(counts_file(paths, s)))
-             for s in paths.shards() if not counts_file(paths, s).exists()]
+                       units=cfg.export.tokenizer, out=str(counts_file(paths, s)), ids=ids(s),
+                       dtype=trainer["dtype"] if trainer else "")
+             for s in paths.shards() if not counts_file(paths, s).exists() or (trainer and not Path(ids(s)).exists())]
     if tasks:
         ex.map(count_shard, tasks, desc="export: count")
 
@@ -450,7 +522,8 @@ def _plan(cfg: RunConfig, paths: RunPaths, w: np.ndarray) -> dict:
             "budget": budget, "selection": selection, "unit": cfg.export.tokenizer}
 
 
-def _shard_tasks(cfg: RunConfig, paths: RunPaths, plan: dict, dest: str | None) -> list[ExportTask]:
+def _shard_tasks(cfg: RunConfig, paths: RunPaths, plan: dict, dest: str | None,
+                 trainer: dict | bool = False) -> list[ExportTask]:
     """One task per corpus shard, its part of the plan saved under export/plan/."""
     out, files = paths.export, paths.shard_files(cfg)
     tasks, start = [], 0
@@ -464,25 +537,59 @@ def _shard_tasks(cfg: RunConfig, paths: RunPaths, plan: dict, dest: str | None) 
                                 clusters=str(clusters_file), cut=str(cut_file), tokenizer=str(paths.tokenize.tokenizer),
                                 units=cfg.export.tokenizer, dest=dest or str(out.dir),
                                 rows_per_shard=cfg.export.rows_per_shard, seed=cfg.export.seed + i,
-                                done=str(copies_file.with_name(f"{s}.done.json"))))
+                                done=str(copies_file.with_name(f"{s}.done.json")), format=cfg.export.format,
+                                **({"counts": str(counts_file(paths, s)),
+                                    "ids": str(export_megatron.ids_file(counts_file(paths, s))),
+                                    "eod": trainer["eod"], "dtype": trainer["dtype"],
+                                    "parts": str(out.dir / "megatron-parts")} if trainer else {})))
         start += len(cl)
     return tasks
 
 
-def _blend_files(w: np.ndarray, real_w: np.ndarray, plan: dict, by_cluster: dict[int, list[str]]) -> dict[str, str]:
-    """mixture.json, megatron_blend.txt and interleave.json, as text."""
+def cluster_rows(plan: dict) -> np.ndarray:
+    """Rows the export writes per cluster (every copy of a document is a row)."""
+    doc_cluster = np.concatenate(plan["shard_clusters"])
+    kept = doc_cluster >= 0
+    k = len(plan["selection"]["clusters"])
+    return np.bincount(doc_cluster[kept], weights=plan["copies"][kept], minlength=k).astype(np.int64)
+
+
+def row_probabilities(plan: dict, clusters: list[int]) -> list[float]:
+    """`datasets.interleave_datasets` probabilities for these clusters' files: each cluster's
+    share of the rows. Interleaving draws rows, not tokens; drawn by these, every cluster
+    runs out at about the same time, so that reading every row once (the stopping strategy
+    "all_exhausted_without_replacement") yields the realised token weights, with the
+    clusters mixed evenly along the way (a cluster of long documents is not over-weighted,
+    nor one of short ones left half unread)."""
+    rows = cluster_rows(plan)[clusters].astype(np.float64)
+    return (rows / rows.sum()).tolist()
+
+
+def _blend_files(w: np.ndarray, real_w: np.ndarray, plan: dict, by_cluster: dict[int, list[str]],
+                 prefixes: dict[int, str] | None = None) -> dict[str, str]:
+    """mixture.json, and interleave.json (Parquet) and megatron_blend.txt (Megatron), as text."""
     mixture = {"weights": w.tolist(), "realised_weights": real_w.tolist(), "token_budget": plan["budget"],
                **({"unit": plan["unit"]} if plan.get("unit") else {}),
                "tokens": int(sum(c["tokens"] for c in plan["selection"]["clusters"])), **plan["selection"],
-               "files": {str(c): fs for c, fs in sorted(by_cluster.items())}}
-    blend = " ".join(f"{real_w[c]:.6f} {fs[0].rsplit('/', 1)[0]}" for c, fs in sorted(by_cluster.items()))
-    interleave = {
-        "data_files": [fs for _, fs in sorted(by_cluster.items())],
-        "probabilities": [float(real_w[c]) for c in sorted(by_cluster)],
-        "usage": "datasets.interleave_datasets([load_dataset('parquet', data_files=f, split='train') "
-                 "for f in data_files], probabilities=probabilities, seed=0)"}
-    return {"mixture.json": strict_json(mixture, indent=2) + "\n", "megatron_blend.txt": blend + "\n",
-            "interleave.json": strict_json(interleave, indent=2) + "\n"}
+               "rows": cluster_rows(plan).tolist(),
+               "files": {str(c): fs for c, fs in sorted(by_cluster.items())},
+               **({"megatron": {str(c): p for c, p in sorted(prefixes.items())}} if prefixes else {})}
+    out = {"mixture.json": strict_json(mixture, indent=2) + "\n"}
+    if by_cluster:
+        clusters = sorted(by_cluster)
+        interleave = {
+            "data_files": [by_cluster[c] for c in clusters],
+            "probabilities": row_probabilities(plan, clusters),
+            "stopping_strategy": "all_exhausted_without_replacement",
+            "token_weights": [float(real_w[c]) for c in clusters],
+            "usage": "datasets.interleave_datasets([load_dataset('parquet', data_files=f, split='train') "
+                     "for f in data_files], probabilities=probabilities, seed=0, "
+                     "stopping_strategy=stopping_strategy); the files are relative to this file's folder "
+                     "unless export.destination made them URLs or absolute paths"}
+        out["interleave.json"] = strict_json(interleave, indent=2) + "\n"
+    if prefixes:
+        out["megatron_blend.txt"] = export_megatron.blend_text(real_w, prefixes)
+    return out
 
 
 def _stats(cfg: RunConfig, w: np.ndarray, real_w: np.ndarray, plan: dict, by_cluster: dict, dest: str | None) -> dict:

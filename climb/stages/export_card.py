@@ -30,10 +30,10 @@ def size_category(rows: int) -> str:
 
 def _yaml(name: str, rows: int, clusters: list[int]) -> str:
     configs = [("default", "data/*/*.parquet")] + [(f"cluster_{c:05d}", f"data/cluster_{c:05d}/*.parquet")
-                                                    for c in clusters]
+                                                    for c in clusters] if clusters else []  # none: Megatron only
     lines = ["---", f"pretty_name: {json.dumps(f'climb mixture: {name}')}", "tags:", "- climb", "- data-mixture",
              "- pretraining", "task_categories:", "- text-generation", "size_categories:",
-             f"- {size_category(rows)}", "configs:"]
+             f"- {size_category(rows)}"] + ["configs:"] * bool(configs)
     for cname, path in configs:
         lines += [f"- config_name: {cname}", "  data_files:", "  - split: train", f"    path: {path}"]
     return "\n".join(lines + ["---"])
@@ -76,7 +76,18 @@ def card(cfg: RunConfig, paths: RunPaths, w: np.ndarray, real_w: np.ndarray, pla
              "95% interval (a difference whose interval spans zero is not resolved):\n\n" + summary_table(summary))
     transfer = ("\n\n### Does it transfer to a larger model?\n\n" + transfer_section(validation)) if validation else \
         "\n\nThe mixture was not validated on a larger model (`validate.enabled = false`)."
-    blends = ", ".join(f"`{n}`" for n in ("mixture.json", "megatron_blend.txt", "interleave.json"))
+    megatron = stats.get("megatron")
+    names = ["mixture.json"] + ["interleave.json"] * bool(by_cluster) + ["megatron_blend.txt"] * bool(megatron)
+    blends = ", ".join(f"`{n}`" for n in names)
+    readers = []
+    if by_cluster:
+        readers.append("`interleave.json` for `datasets.interleave_datasets` (row probabilities that realise the "
+                       "token weights, and the stopping strategy that reads every row once)")
+    if megatron:
+        readers.append(f"`megatron_blend.txt` for Megatron-LM's `--data-path`: one indexed dataset per cluster "
+                       f"(`megatron/cluster_XXXXX.bin` / `.idx`, {megatron['dtype']} token ids of "
+                       f"`{cfg.export.tokenizer}`, every document ending in token {megatron['eod']})")
+    use = "; ".join(readers + ["`mixture.json` for everything the export did"])
     return f"""{_yaml(cfg.name, stats['rows'], sorted(by_cluster))}
 
 # climb mixture: {cfg.name}
@@ -105,7 +116,5 @@ ds = load_dataset("path/or/hub-id", split="train")            # every row (confi
 one = load_dataset("path/or/hub-id", "cluster_00000", split="train")  # one cluster
 ```
 
-{blends} give the weights and files for a trainer: `interleave.json` for
-`datasets.interleave_datasets`, `megatron_blend.txt` for Megatron-LM's `--data-path`
-(after its preprocessing), `mixture.json` for everything the export did.
+{blends} give the weights and files for a trainer: {use}.
 """

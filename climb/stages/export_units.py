@@ -16,6 +16,11 @@ A document cut to fit its cluster's share keeps a prefix of its text that is at
 most the tokens (or bytes) left, cut at a token's end in the text, so it holds
 for any tokenizer, including those whose decoding does not give the text back
 (lower-casing WordPiece, say).
+
+With `export.format = "megatron"` the same pass that counts also keeps every
+document's ids (`Units.encode`), so that the trainer's token files are written
+from them without tokenising the corpus a second time; each document then ends
+with the tokenizer's end-of-document token (`eod_id`).
 """
 from __future__ import annotations
 
@@ -26,6 +31,9 @@ import numpy as np
 from climb.io.files import InputError, fingerprint
 
 PROXY, BYTES = "", "bytes"
+# End-of-document tokens, looked for in this order (GPT-2 and Llama 3 style, Llama 2 /
+# Mistral, Gemma, BERT-style): the first one a tokenizer has ends every document.
+EOD_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[SEP]")
 
 
 def resolve(name: str) -> str:
@@ -71,28 +79,55 @@ class Units:
         self.name = name
         self._tok = None if name == BYTES else _load_hf(resolve(name))
 
+    @property
+    def vocab_size(self) -> int:
+        if self._tok is None:
+            raise InputError("export.tokenizer = \"bytes\" has no token ids; name your trainer's tokenizer")
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
     def count(self, texts: list[str]) -> np.ndarray:
         """Each text's size: bytes, or tokens plus one end-of-document token."""
         if self._tok is None:
             return np.fromiter((len(t.encode("utf-8")) for t in texts), dtype=np.int64, count=len(texts))
+        return np.array([len(ids) + 1 for ids in self.encode(texts)], dtype=np.int64)
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's token ids (int64, without the end-of-document token); a long document
+        in pieces, as the token store does, the pieces' ids joined."""
         from proxies.tokenizer import split_long
-        out = np.ones(len(texts), dtype=np.int64)  # the end-of-document token
+        if self._tok is None:
+            raise InputError("export.tokenizer = \"bytes\" has no token ids; name your trainer's tokenizer")
+        parts: list[list[np.ndarray]] = [[] for _ in texts]
         pieces, owner = [], []
         for i, t in enumerate(texts):
-            for piece in split_long(t):  # a long document in pieces, as the token store does
+            for piece in split_long(t):
                 pieces.append(piece)
                 owner.append(i)
             if len(pieces) >= 1024:
-                self._add(out, pieces, owner)
+                self._add(parts, pieces, owner)
                 pieces, owner = [], []
         if pieces:
-            self._add(out, pieces, owner)
-        return out
+            self._add(parts, pieces, owner)
+        return [np.concatenate(p) if p else np.zeros(0, np.int64) for p in parts]
 
-    def _add(self, out: np.ndarray, pieces: list[str], owner: list[int]) -> None:
+    def _add(self, parts: list[list[np.ndarray]], pieces: list[str], owner: list[int]) -> None:
         fast = getattr(self._tok, "encode_batch_fast", None)  # without offsets; tokenizers >= 0.20
         encs = (fast or self._tok.encode_batch)(pieces, add_special_tokens=False)
-        np.add.at(out, np.asarray(owner, dtype=np.int64), [len(e.ids) for e in encs])
+        for i, e in zip(owner, encs):
+            parts[i].append(np.asarray(e.ids, dtype=np.int64))
+
+    def eod_id(self, token: str = "") -> int:
+        """The id of the end-of-document token: `token`, or the first of EOD_TOKENS the tokenizer has."""
+        if self._tok is None:
+            raise InputError("export.tokenizer = \"bytes\" has no token ids; name your trainer's tokenizer")
+        for name in ([token] if token else EOD_TOKENS):
+            i = self._tok.token_to_id(name)
+            if i is not None:
+                return int(i)
+        if token:
+            raise InputError(f"export.eod = {token!r} is not a token of export.tokenizer ({self.name})")
+        raise InputError(f"export.tokenizer ({self.name}) has none of the usual end-of-document tokens "
+                         f"{list(EOD_TOKENS)}; set export.eod to the one your trainer appends")
 
     def truncate(self, text: str, keep: int) -> str:
         """The longest prefix of `text` whose count (as `count` gives it) is at most `keep`."""
