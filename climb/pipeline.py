@@ -60,6 +60,8 @@ def run_stage(stage: str, cfg: RunConfig, run_dir: str | Path, with_deps: bool =
         paths.save_config(cfg)
         if "export" in order:
             export.check_destination(cfg, paths)
+        if any(s in order for s in ("search", "validate")):
+            check_target(cfg)
         build_inputs(cfg, paths)
         with track.session(cfg, paths) as tracker:
             for s in order:
@@ -75,6 +77,7 @@ def run_all(cfg: RunConfig, run_dir: str | Path) -> dict:
     with hold(paths.root):
         paths.save_config(cfg)
         export.check_destination(cfg, paths)
+        check_target(cfg)
         build_inputs(cfg, paths)
         with track.session(cfg, paths) as tracker:
             for s in STAGES:
@@ -84,6 +87,13 @@ def run_all(cfg: RunConfig, run_dir: str | Path) -> dict:
                 with tracker.during(s):
                     out[s] = _RUN[s](cfg, paths)
     return out
+
+
+def check_target(cfg: RunConfig) -> None:
+    """Fail before any stage runs where the target's harness tasks cannot be loaded from here."""
+    if cfg.target.lm_eval:
+        from climb.runtime.harness import check
+        check(cfg.target)
 
 
 def build_inputs(cfg: RunConfig, paths: RunPaths) -> None:

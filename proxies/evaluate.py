@@ -4,12 +4,15 @@
 an EOS so every text token is predicted) through non-overlapping windows of
 ``seq_len`` predictions and divides the summed NLL by ln 2 times the UTF-8 bytes.
 
-``evaluate_task`` scores JSON Lines tasks (see ``load_tasks``) the way the
-lm-evaluation-harness does: context and continuation are tokenized separately
-and concatenated, the context is truncated from the left to fit, and the
-log-likelihood of the continuation tokens is summed. Metrics: ``acc``,
-``acc_norm`` (log-likelihood per UTF-8 byte of the choice), ``gold_loss_per_byte``
-and ``n``.
+``evaluate_task`` scores JSON Lines tasks (see ``load_tasks``) the way the LM
+Evaluation Harness scores multiple-choice and cloze tasks (tests/test_harness.py
+checks it against the harness itself): context and continuation are tokenized
+together and split where the context's own tokens end, trailing whitespace of the
+context moved to the continuation (``encode_pair``, the harness's ``_encode_pair``),
+the sequence truncated from the left to fit, and the log-likelihood of the
+continuation tokens summed. Metrics: ``acc``, ``acc_norm`` (log-likelihood per
+character of the choice, as the harness's), ``gold_loss_per_byte`` (the gold
+continuation's loss in nats per UTF-8 byte: climb's own smooth signal) and ``n``.
 
 The model only needs ``model.config.seq_len`` and ``model(idx) -> (logits, _)``,
 and must already be on ``device``.
@@ -203,6 +206,31 @@ def mc_request(query: str, choice: str) -> tuple[str, str]:
 _WARNED: set = set()
 
 
+def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids) as the LM Evaluation Harness forms them: whitespace
+    ending the context moves to the continuation, the two are tokenized together and the
+    continuation's ids are those after the context's own; an empty context is EOS alone."""
+    return encode_pairs(tokenizer, [(context, continuation)])[0]
+
+
+def encode_pairs(tokenizer, requests: Sequence[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    """``encode_pair`` for many (context, continuation) requests, in two batched tokenizer calls."""
+    eos = tokenizer.eos_id
+    moved = []
+    for context, continuation in requests:
+        n = len(context) - len(context.rstrip()) if context else 0
+        moved.append((context[:-n], context[-n:] + continuation) if n else (context, continuation))
+    wholes = tokenizer.encode_batch([c + x for c, x in moved])
+    ctxs = tokenizer.encode_batch([c for c, _ in moved])
+    out = []
+    for (c, x), whole, ctx in zip(moved, wholes, ctxs):
+        if not c:  # an empty context is conditioned on EOS (a document start)
+            out.append(([eos], whole))
+        else:
+            out.append((ctx, whole[len(ctx):]))
+    return out
+
+
 def score_requests(
     model,
     tokenizer,
@@ -216,11 +244,16 @@ def score_requests(
     with ``per_token``, instead each continuation token's log p (float32 array, in order).
 
     ``bf16``: run under bf16 autocast (None: on CUDA only); see the module docstring."""
+    return score_token_pairs(model, encode_pairs(tokenizer, requests), device, batch_size, bf16, per_token)
+
+
+def score_token_pairs(model, pairs: Sequence[tuple[list[int], list[int]]], device="cpu", batch_size: int = 32,
+                      bf16: bool | None = None, per_token: bool = False) -> list:
+    """``score_requests`` on requests already tokenized: (context ids, continuation ids) pairs."""
     device = torch.device(device)
     T = model.config.seq_len
-    eos = tokenizer.eos_id
-    ctx_ids = tokenizer.encode_batch([c for c, _ in requests])
-    cont_ids = tokenizer.encode_batch([c for _, c in requests])
+    ctx_ids, cont_ids = [c for c, _ in pairs], [c for _, c in pairs]
+    requests = pairs
     seqs, n_conts = [], []
     long = [len(c) for c in cont_ids if len(c) > T]
     if long:
@@ -231,7 +264,6 @@ def score_requests(
             logger.warning("%d of %d continuations exceed seq_len=%d tokens (longest %d); each is scored on "
                            "its last %d tokens", len(long), len(requests), T, max(long), T)
     for ctx, cont in zip(ctx_ids, cont_ids):
-        ctx = ctx or [eos]  # an empty context is conditioned on EOS (a document start)
         seq = (ctx + cont)[-(T + 1) :]
         seqs.append(seq)
         n_conts.append(min(len(cont), len(seq) - 1))
@@ -290,7 +322,7 @@ def evaluate_task(
     """Score task items; returns {acc, acc_norm, gold_loss_per_byte, n}.
 
     Multiple choice: acc uses the summed log-likelihood, acc_norm divides it by the
-    UTF-8 byte length of the choice. Cloze: acc (and acc_norm) is 1 when greedy
+    length of the choice in characters (the harness's). Cloze: acc (and acc_norm) is 1 when greedy
     decoding reproduces the continuation. gold_loss_per_byte is the gold
     continuation's NLL (nats) per UTF-8 byte of that continuation. ``bf16``: run under
     bf16 autocast (None: on CUDA only); see the module docstring.
@@ -313,9 +345,9 @@ def evaluate_task(
         lls = np.array([s[0] for s in scores[a:b]])
         if "choices" in item:
             gold = item["gold"]
-            choice_bytes = np.array([max(1, len(c.encode("utf-8"))) for c in item["choices"]])
+            choice_chars = np.array([max(1, len(c)) for c in item["choices"]])
             acc.append(float(np.argmax(lls) == gold))
-            acc_norm.append(float(np.argmax(lls / choice_bytes) == gold))
+            acc_norm.append(float(np.argmax(lls / choice_chars) == gold))
             gold_cont = requests[a + gold][1]
             gold_lpb.append(-lls[gold] / max(1, len(gold_cont.encode("utf-8"))))
         else:

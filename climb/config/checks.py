@@ -64,10 +64,12 @@ def check_config(cfg: RunConfig) -> None:
         raise ConfigError("search.halving and search.experts need the built-in proxy trainer (they pause and "
                           "resume proxies, or read their token probabilities); unset proxy.command / proxy.lookup "
                           "or turn them off")
-    bad = [m for m in cfg.target.objective if m != "bpb" and not m.endswith("/gold_loss_per_byte")]
+    bad = [m for m in cfg.target.objective if m != "bpb" and not (
+        m.endswith("/gold_loss_per_byte") and m.rsplit("/", 1)[0] in cfg.target.tasks)]
     if cfg.search.experts and bad:
         raise ConfigError(f"search.experts scores mixtures by the experts' ensemble loss, so every term of "
-                          f"target.objective must be bpb or <task>/gold_loss_per_byte; {bad} is not")
+                          f"target.objective must be bpb or <task>/gold_loss_per_byte of a task in target.tasks; "
+                          f"{bad} is not")
     if cfg.search.replicates < 0 or cfg.search.replicate_seeds < 0:
         raise ConfigError("search.replicates and search.replicate_seeds must be >= 0")
     if cfg.executor.processes < 0:

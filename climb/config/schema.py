@@ -192,7 +192,14 @@ class TargetConfig:
     text_column: str = "text"
     # Task files (JSON Lines, multiple choice or cloze), name -> path or URL.
     tasks: dict[str, str] = field(default_factory=dict)
-    # Items per task used per proxy evaluation (0 = all).
+    # Tasks of the LM Evaluation Harness (pip install 'climb[harness]'): names it ships,
+    # or task YAML files of your own over local files; each gives <task>/<metric> for the
+    # harness's metrics and <task>/gold_loss_per_byte (climb/runtime/harness.py). Nothing
+    # is downloaded: a task must load from what is on this machine.
+    lm_eval: tuple[str, ...] = ()
+    # More folders of task YAMLs for the harness to look in.
+    lm_eval_include: tuple[str, ...] = ()
+    # Items (documents) per task used per proxy evaluation (0 = all); JSONL and harness tasks.
     task_limit: int = 0
     # The scalar optimised: the mean of these metric names (e.g. "bpb",
     # "piqa/acc_norm", "arc_easy/gold_loss_per_byte").

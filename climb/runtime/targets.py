@@ -37,8 +37,9 @@ def load_target(target_cfg: TargetConfig, run_dir: Path) -> dict:
         for name, path in target_cfg.tasks.items():
             items = _task_items(name, path.replace("{run}", str(run_dir)))
             tasks[name] = items[: target_cfg.task_limit] if target_cfg.task_limit else items
-        if not texts and not tasks:
-            raise InputError("the target is empty: set target.texts (held-out text) and/or target.tasks")
+        if not texts and not tasks and not target_cfg.lm_eval:
+            raise InputError("the target is empty: set target.texts (held-out text), target.tasks and/or "
+                             "target.lm_eval")
         _CACHE[key] = {"texts": texts, "tasks": tasks}
     return _CACHE[key]
 
@@ -81,6 +82,9 @@ def evaluate(model, tokenizer, target_cfg: TargetConfig, run_dir: Path, device: 
         res = evaluate_task(model, tokenizer, items, device=device, bf16=bf16)
         for k in ("acc", "acc_norm", "gold_loss_per_byte"):
             metrics[f"{name}/{k}"] = float(res[k])
+    if target_cfg.lm_eval:
+        from climb.runtime.harness import score_proxy
+        metrics.update(score_proxy(model, tokenizer, target_cfg, device, bf16))
     return metrics
 
 
@@ -116,10 +120,12 @@ def stamp(path: Path | str) -> tuple:
 def expert_terms(target_cfg: TargetConfig) -> list[str]:
     """The objective's terms an expert can score (each bpb or <task>/gold_loss_per_byte), or
     raise InputError naming the one it cannot."""
-    bad = [m for m in target_cfg.objective if m != "bpb" and not m.endswith("/gold_loss_per_byte")]
+    bad = [m for m in target_cfg.objective if m != "bpb" and not (
+        m.endswith("/gold_loss_per_byte") and m.rsplit("/", 1)[0] in target_cfg.tasks)]
     if bad:
-        raise InputError(f"search.experts scores an objective of bits per byte and gold losses per byte; "
-                         f"{bad} is neither (an accuracy cannot be read from token probabilities)")
+        raise InputError(f"search.experts scores an objective of bits per byte and gold losses per byte of "
+                         f"target.tasks; {bad} is neither (an accuracy cannot be read from token probabilities, "
+                         "nor a harness task's tokens be kept)")
     return list(target_cfg.objective)
 
 
