@@ -174,3 +174,16 @@ def test_megatron_to_a_destination_and_resumed_by_shard(exported, tmp_path, monk
     for c, prefix in mix["megatron"].items():
         ds = IndexedDataset(prefix)
         assert len(ds) == len(want[c]) and all((ds[i] == want[c][i]).all() for i in range(len(ds)))
+
+
+def test_another_format_counts_nothing_again(exported, monkeypatch):
+    """The counting pass is kept across exports of the run (keyed by tokenizer and clusters): Parquet
+    alone after both formats counts no shard again."""
+    cfg, paths, stats = exported
+    calls = []
+    real = export.count_shard
+    monkeypatch.setattr(export, "count_shard", lambda t: (calls.append(t.shard), real(t))[1])
+    parquet = dataclasses.replace(cfg, export=dataclasses.replace(cfg.export, format="parquet"))
+    got = export.run(parquet, paths)
+    assert calls == [] and got["tokens"] == stats["tokens"] and "megatron" not in got
+    assert not (paths.root / "export" / "megatron").exists()

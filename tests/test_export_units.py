@@ -110,7 +110,7 @@ def test_a_killed_export_rewrites_only_the_shards_it_had_not_finished(tmp_path, 
     edir = paths.root / "export"
     before = {p.relative_to(edir).as_posix(): (p.stat().st_mtime_ns, p.read_bytes())
               for p in (edir / "data").rglob("*.parquet")}
-    counts = {p.name: p.stat().st_mtime_ns for p in (edir / "counts").iterdir()}
+    counts = {p.name: p.stat().st_mtime_ns for p in (edir / "counts").rglob("*.npy")}
     # As after a kill -9 while the second shard was being written: no manifest, its marker and a file gone.
     paths.manifest("export").unlink()
     (edir / "plan" / "part-00001.done.json").unlink()
@@ -123,4 +123,4 @@ def test_a_killed_export_rewrites_only_the_shards_it_had_not_finished(tmp_path, 
     assert sorted(after) == sorted(before) and all(after[k][1] == before[k][1] for k in before)
     assert all(after[k][0] == before[k][0] for k in before if "part-00000" in k)  # finished shard untouched
     assert all(after[k][0] != before[k][0] for k in lost)  # the one in flight written again
-    assert {p.name: p.stat().st_mtime_ns for p in (edir / "counts").iterdir()} == counts  # not counted again
+    assert {p.name: p.stat().st_mtime_ns for p in (edir / "counts").rglob("*.npy")} == counts  # not counted again

@@ -415,10 +415,12 @@ def is_done(paths: RunPaths, stage: str, key: str, keep: tuple[str, ...] = (),
     return False
 
 
-def begin(paths: RunPaths, stage: str, key: str, keep_on_change: bool = False) -> Path:
+def begin(paths: RunPaths, stage: str, key: str, keep_on_change: bool = False,
+          keep_dirs: tuple[str, ...] = ()) -> Path:
     """Start (or resume) a stage. Task outputs left by a run with another config
     are stale: they are removed, or, for a stage too costly to lose (the search),
-    moved aside to `<stage>.prev-<time>`."""
+    moved aside to `<stage>.prev-<time>`. `keep_dirs` are subfolders that key their own
+    contents (the export's counts, by tokenizer and clusters) and stay."""
     import shutil
     d = paths.stage(stage)
     state = state_file(d)
@@ -427,13 +429,16 @@ def begin(paths: RunPaths, stage: str, key: str, keep_on_change: bool = False) -
             old = d.with_name(f"{stage}.prev-{time.strftime('%Y%m%d-%H%M%S')}")
             log.warning("%s: config or inputs changed; previous results moved to %s", stage, old)
             d.rename(old)
+            d.mkdir(parents=True)
         else:
             log.info("%s: config or inputs changed; removing the previous outputs in %s", stage, d)
-            shutil.rmtree(d)
-        d.mkdir(parents=True)
+            for child in d.iterdir():
+                if child.name not in keep_dirs:
+                    shutil.rmtree(child) if child.is_dir() else child.unlink()
     elif not state.exists() and any(d.iterdir()):
         for child in d.iterdir():  # outputs of unknown provenance: do not resume from them
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
+            if child.name not in keep_dirs:
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
     kept = read_json(state) if state.exists() else {}
     write_json(state, {**kept, "hash": key})
     return d
@@ -480,19 +485,19 @@ def finish(paths: RunPaths, stage: str, key: str, stats: dict, started: float,
 
 def execute(paths: RunPaths, stage: str, key: str, body: Callable[[Path, Any], dict], *, executor=None,
             processes: int = 1, keep: tuple[str, ...] = (), cascade: dict[str, str] | None = None,
-            keep_on_change: bool = False, digest_files: tuple[str, ...] = ()) -> dict:
+            keep_on_change: bool = False, digest_files: tuple[str, ...] = (), keep_dirs: tuple[str, ...] = ()) -> dict:
     """What every stage does around its own work: skip it if it finished with this key and
     its outputs are intact; otherwise begin (or resume) it, run `body(folder, executor)`
     (the executor of `executor`, an ExecutorConfig, with `processes` local workers; None
     without one), and write the manifest from the stats it returns.
 
-    `keep`, `cascade` (see is_done), `keep_on_change` (see begin) and `digest_files` (see
-    finish) are the stage's own rules for repairs and changes.
+    `keep`, `cascade` (see is_done), `keep_on_change` and `keep_dirs` (see begin) and
+    `digest_files` (see finish) are the stage's own rules for repairs and changes.
     """
     if is_done(paths, stage, key, keep, cascade):
         return skipped(paths, stage)
     started = time.time()
-    folder = begin(paths, stage, key, keep_on_change)
+    folder = begin(paths, stage, key, keep_on_change, keep_dirs)
     if executor is None:
         stats = body(folder, None)
     else:

@@ -26,8 +26,10 @@ Output, under `<run>/export/`, by `export.format` ("parquet", the default; "mega
   the stopping strategy that reads every row once, for `datasets.interleave_datasets` (parquet)
 - `README.md`: the dataset card (climb.stages.export_card), so that
   `datasets.load_dataset(<folder>)` reads the data as it is, here or on the Hub
-- `counts/<shard>.npy`: each document's size in `export.tokenizer`'s unit, where
-  that is not the proxies' tokenizer (counted once, one task per shard)
+- `counts/<key>/<shard>.npy`: each document's size in `export.tokenizer`'s unit, where
+  that is not the proxies' tokenizer (counted once, one task per shard), and for Megatron
+  `<shard>.ids.npy`, the documents' ids; `<key>` is the tokenizer's and the clusters', so
+  another export of the same run (other weights, another format) counts nothing again
 
 A corpus shard whose files are written is not written again (`plan/<shard>.done.json`),
 so a killed export resumes shard by shard.
@@ -154,7 +156,7 @@ def _shard_docs(paths: RunPaths, store, shard: str, units: str) -> tuple[np.ndar
     kept = clusters >= 0
     tokens = np.zeros(len(clusters), dtype=np.int64)
     if units != export_units.PROXY:
-        tokens[kept] = np.load(counts_file(paths, shard))[kept]
+        tokens[kept] = np.load(counts_file(paths, shard, units))[kept]
         return clusters, tokens
     try:
         tokens[kept] = store.doc_tokens(shard)
@@ -203,8 +205,11 @@ class CountTask:
     dtype: str = ""
 
 
-def counts_file(paths: RunPaths, shard: str) -> Path:
-    return paths.export.dir / "counts" / f"{shard}.npy"
+def counts_file(paths: RunPaths, shard: str, units: str) -> Path:
+    """A shard's document sizes in `units` (export.tokenizer), under a folder keyed by the unit
+    and the clusters they were counted for."""
+    return paths.export.dir / "counts" / digest(export_units.key(units), units, upstream_key(paths, "cluster"))[:16] \
+        / f"{shard}.npy"
 
 
 def count_shard(task: CountTask) -> int:
@@ -435,7 +440,7 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
                 done.unlink()
     previous = _previous_outputs(paths, dest)  # read before the stage's folder is cleared
     return execute(paths, "export", k, lambda folder, ex: _export(cfg, paths, weights, dest, previous, ex),
-                   executor=cfg.executor)
+                   executor=cfg.executor, keep_dirs=("counts",))
 
 
 def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: str | None, previous: list[str],
@@ -492,12 +497,15 @@ def _count(cfg: RunConfig, paths: RunPaths, ex, trainer: dict | bool = False) ->
     for Megatron (`trainer`) keep their ids from the same pass."""
     files = paths.shard_files(cfg)
 
+    units = cfg.export.tokenizer
+
     def ids(s: str) -> str:
-        return str(export_megatron.ids_file(counts_file(paths, s))) if trainer else ""
+        return str(export_megatron.ids_file(counts_file(paths, s, units))) if trainer else ""
     tasks = [CountTask(shard=s, path=str(files[s]), corpus=cfg.corpus, assignments=str(paths.cluster.assignments(s)),
-                       units=cfg.export.tokenizer, out=str(counts_file(paths, s)), ids=ids(s),
+                       units=units, out=str(counts_file(paths, s, units)), ids=ids(s),
                        dtype=trainer["dtype"] if trainer else "")
-             for s in paths.shards() if not counts_file(paths, s).exists() or (trainer and not Path(ids(s)).exists())]
+             for s in paths.shards()
+             if not counts_file(paths, s, units).exists() or (trainer and not Path(ids(s)).exists())]
     if tasks:
         ex.map(count_shard, tasks, desc="export: count")
 
@@ -538,8 +546,9 @@ def _shard_tasks(cfg: RunConfig, paths: RunPaths, plan: dict, dest: str | None,
                                 units=cfg.export.tokenizer, dest=dest or str(out.dir),
                                 rows_per_shard=cfg.export.rows_per_shard, seed=cfg.export.seed + i,
                                 done=str(copies_file.with_name(f"{s}.done.json")), format=cfg.export.format,
-                                **({"counts": str(counts_file(paths, s)),
-                                    "ids": str(export_megatron.ids_file(counts_file(paths, s))),
+                                **({"counts": str(counts_file(paths, s, cfg.export.tokenizer)),
+                                    "ids": str(export_megatron.ids_file(counts_file(paths, s,
+                                                                                    cfg.export.tokenizer))),
                                     "eod": trainer["eod"], "dtype": trainer["dtype"],
                                     "parts": str(out.dir / "megatron-parts")} if trainer else {})))
         start += len(cl)
