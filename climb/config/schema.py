@@ -279,7 +279,7 @@ class SearchConfig:
     # its own mixture for the remaining steps, so each costs 1 - base of a proxy and the
     # mixtures are compared from one start. The comparison with the baselines still trains
     # from scratch. Built-in trainer, or an external one that pauses and continues
-    # (README, "Spending less on proxies").
+    # (docs/spending-less.md; the external trainer's side: climb/runtime/external.py).
     base: float = 0.0
     # With a base: one continuation of it per usable cluster, on that cluster alone, and
     # each mixture's feature for the predictor is the objective of the model whose weights

@@ -1,4 +1,4 @@
-"""Cheaper ways for a search to choose (README, "Spending less on proxies").
+"""Cheaper ways for a search to choose (docs/spending-less.md).
 
 - experts (`search.experts`): one small model per cluster and the mixtures' expert-ensemble
   objective as the predictor's feature;
