@@ -9,8 +9,9 @@ Layout under ``out_dir``::
     index.json                        {dtype, n_clusters, tokens, bytes, docs, shards}; written last
 
 Once the merge is complete the parts' token files are dropped (``drop_merged_parts``):
-they would hold every token a second time. A part without them counts as not
-tokenized, so a store that has to be merged again tokenizes its shards again.
+they would hold every token a second time. A store merged again (a shard added) takes
+each dropped part's tokens from the previous merged files, where ``index.json``'s
+``shard_tokens`` locates them; a part found neither way is tokenized again.
 
 Every document is tokenized with EOS appended, so documents inside a cluster file
 are separated by EOS exactly as in the proxies' training stream.  ``bytes`` counts
@@ -199,8 +200,43 @@ def store_is_complete(out_dir: str | Path) -> bool:
     return _bad_merged(Path(out_dir), index) is None
 
 
+def merged_slices(out_dir: str | Path) -> dict[str, dict[int, tuple[int, int]]]:
+    """{shard: {cluster: (offset, tokens)}} of a complete merged store whose index records its
+    shards' tokens (``shard_tokens``): where each shard's tokens lie in the cluster files."""
+    out_dir = Path(out_dir)
+    index_path = out_dir / "index.json"
+    if not store_is_complete(out_dir):
+        return {}
+    with open(index_path) as f:
+        index = json.load(f)
+    per = index.get("shard_tokens")
+    if per is None:
+        return {}
+    offsets = [0] * index["n_clusters"]
+    out: dict[str, dict[int, tuple[int, int]]] = {}
+    for name in index["shards"]:
+        out[name] = {}
+        for c, n in sorted((int(k), int(v)) for k, v in per[name].items()):
+            out[name][c] = (offsets[c], n)
+            offsets[c] += n
+    return out
+
+
+def part_in_store(out_dir: str | Path, shard_name: str) -> bool:
+    """Whether a shard's part, its token files dropped, still has its tokens in the merged store
+    (the store's record of the shard equals the part's done.json)."""
+    done = Path(out_dir) / "parts" / shard_name / "done.json"
+    if not done.exists():
+        return False
+    stats = _load_shard_stats(done)
+    got = merged_slices(out_dir).get(shard_name)
+    return got is not None and {c: n for c, (_, n) in got.items()} == {
+        c: n for c, n in stats["tokens_per_cluster"].items() if n}
+
+
 def merge_token_stores(out_dir: str | Path, shard_names: Sequence[str], n_clusters: int) -> dict:
-    """Concatenate shard parts (in ``shard_names`` order) into one file per cluster.
+    """Concatenate shard parts (in ``shard_names`` order) into one file per cluster; a part whose
+    token files were dropped is read from the previous merged files (``part_in_store``).
 
     Writes ``index.json`` last and atomically; returns its content. If an index for the
     same shard list and n_clusters already exists, returns it without rewriting.
@@ -208,6 +244,7 @@ def merge_token_stores(out_dir: str | Path, shard_names: Sequence[str], n_cluste
     out_dir = Path(out_dir)
     shard_names = list(shard_names)
     index_path = out_dir / "index.json"
+    previous: dict[str, dict[int, tuple[int, int]]] = {}
     if index_path.exists():
         with open(index_path) as f:
             index = json.load(f)
@@ -215,7 +252,12 @@ def merge_token_stores(out_dir: str | Path, shard_names: Sequence[str], n_cluste
                 and _bad_merged(out_dir, index) is None):
             logger.info("token store %s already merged; skipping", out_dir)
             return index
-        index_path.unlink()  # stale: remove first so a crash below leaves no valid-looking index
+        previous = {s: sl for s, sl in merged_slices(out_dir).items() if part_in_store(out_dir, s)}
+        if previous:  # the old index goes only once the new cluster files are in place
+            stale = index_path.with_name("index.previous.json")
+            index_path.replace(stale)
+        else:
+            index_path.unlink()  # stale: remove first so a crash below leaves no valid-looking index
 
     shard_stats = []
     for name in shard_names:
@@ -237,22 +279,32 @@ def merge_token_stores(out_dir: str | Path, shard_names: Sequence[str], n_cluste
     tokens, nbytes, ndocs = [0] * n_clusters, [0] * n_clusters, [0] * n_clusters
     for c in range(n_clusters):
         dst = _cluster_file(out_dir, c)
-        with atomic_path(dst) as tmp, open(tmp, "wb") as out:
-            for name, stats in zip(shard_names, shard_stats):
-                n = stats["tokens_per_cluster"].get(c, 0)
-                if n == 0:
-                    continue
-                src = _cluster_file(out_dir / "parts" / name, c)
-                if src.stat().st_size != n * dtype.itemsize:
-                    raise ValueError(
-                        f"{src} has {src.stat().st_size} bytes, expected {n * dtype.itemsize}; "
-                        f"delete {src.parent} and re-run write_shard_tokens for shard {name}"
-                    )
-                with open(src, "rb") as f:
-                    shutil.copyfileobj(f, out, length=1 << 22)
-                tokens[c] += n
-                nbytes[c] += stats["bytes_per_cluster"].get(c, 0)
-                ndocs[c] += stats["docs_per_cluster"].get(c, 0)
+        old = open(dst, "rb") if dst.exists() and any(c in sl for sl in previous.values()) else None
+        try:
+            with atomic_path(dst) as tmp, open(tmp, "wb") as out:
+                for name, stats in zip(shard_names, shard_stats):
+                    n = stats["tokens_per_cluster"].get(c, 0)
+                    if n == 0:
+                        continue
+                    src = _cluster_file(out_dir / "parts" / name, c)
+                    if not src.exists() and name in previous:  # its tokens are in the previous merge
+                        offset, m = previous[name][c]
+                        old.seek(offset * dtype.itemsize)
+                        out.write(old.read(m * dtype.itemsize))
+                    else:
+                        if not src.exists() or src.stat().st_size != n * dtype.itemsize:
+                            raise ValueError(
+                                f"{src} has {src.stat().st_size if src.exists() else 0} bytes, expected "
+                                f"{n * dtype.itemsize}; delete {src.parent} and re-run write_shard_tokens for "
+                                f"shard {name}")
+                        with open(src, "rb") as f:
+                            shutil.copyfileobj(f, out, length=1 << 22)
+                    tokens[c] += n
+                    nbytes[c] += stats["bytes_per_cluster"].get(c, 0)
+                    ndocs[c] += stats["docs_per_cluster"].get(c, 0)
+        finally:
+            if old is not None:
+                old.close()
 
     index = {
         "dtype": dtype.name,
@@ -261,8 +313,12 @@ def merge_token_stores(out_dir: str | Path, shard_names: Sequence[str], n_cluste
         "bytes": nbytes,
         "docs": ndocs,
         "shards": shard_names,
+        # each shard's tokens per cluster, in merge order: where they lie when merged again
+        "shard_tokens": {name: {str(c): int(v) for c, v in st["tokens_per_cluster"].items() if v}
+                         for name, st in zip(shard_names, shard_stats)},
     }
     _write_json_atomic(index_path, index)
+    index_path.with_name("index.previous.json").unlink(missing_ok=True)
     logger.info("merged %d shards into %s: %d tokens", len(shard_names), out_dir, sum(tokens))
     return index
 

@@ -89,7 +89,10 @@ def test_repair_that_changes_clusters_changes_what_later_stages_key_on(clustered
     manifest = json.loads(paths.manifest("cluster").read_text())
     manifest["digest"] = "0" * 16  # a repair that did not reproduce the previous digest
     paths.manifest("cluster").write_text(json.dumps(manifest))
-    os.utime(summary, ns=(0, 0))
+    os.utime(summary, ns=(0, 0))  # its time alone changed: the same bytes, nothing to repair
+    pipeline.run_stage("cluster", cfg, paths.root)
+    assert upstream_key(paths, "cluster") == key
+    summary.write_text(json.dumps(data))  # its bytes changed: repaired, and the digest differs
     pipeline.run_stage("cluster", cfg, paths.root)
     assert upstream_key(paths, "cluster") != key
 

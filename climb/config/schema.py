@@ -98,6 +98,11 @@ class ClusterConfig:
     merge_threshold: float = 0.0
     top_terms: int = 8
     exemplars: int = 3
+    # When the corpus changes (a shard added, one replaced) and these settings do not:
+    # false keeps the centroids and the fine -> cluster plan and assigns only the new or
+    # changed shards (the stats and the report say how far they lie from the centroids);
+    # true fits k-means again on the whole corpus.
+    refit: bool = False
 
 
 def _shared(owner: type, name: str) -> Any:
@@ -504,10 +509,44 @@ def to_toml(cfg: RunConfig) -> str:
     return tomli_w.dumps(to_dict(cfg))
 
 
+# Fields added after run folders keyed on their sections: at its default each one does
+# what climb did before it existed, so there it enters no key, and an older run folder's
+# stages keep theirs.
+ADDED_FIELDS = {
+    "ClusterConfig": ("refit",),
+    "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens"),
+    "TargetConfig": ("lm_eval", "lm_eval_include"),
+    "ExportConfig": ("format", "eod"),
+}
+
+
+def key_data(section: Any) -> Any:
+    """A config section (or a whole RunConfig) as the plain data keys hash: fields added since
+    (ADDED_FIELDS) are left out where they hold their defaults."""
+    if not is_dataclass(section):
+        return section
+    out = {}
+    added = ADDED_FIELDS.get(type(section).__name__, ())
+    for f in fields(section):
+        v = getattr(section, f.name)
+        if f.name in added and v == _default(f):
+            continue
+        out[f.name] = key_data(v) if is_dataclass(v) else json.loads(json.dumps(dataclasses.asdict(section)[f.name]))
+    return out
+
+
+def _default(f) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return dataclasses.MISSING
+
+
 def without(section: Any, *names: str) -> dict:
     """A config section as plain data without the named fields: for keys that settings
     which change how a stage runs, not what it produces, must leave alone."""
-    return {k: v for k, v in to_dict(section).items() if k not in names}
+    return {k: v for k, v in key_data(section).items() if k not in names}
 
 
 def digest(*parts: Any) -> str:
@@ -515,5 +554,5 @@ def digest(*parts: Any) -> str:
     (dataclasses) and plain data. A stage's key (`key(cfg, paths)` in each stage module)
     is the digest of the sections it reads and of its upstream stages' keys
     (climb.runtime.stage.upstream_key)."""
-    blob = json.dumps([to_dict(p) if is_dataclass(p) else p for p in parts], sort_keys=True)
+    blob = json.dumps([key_data(p) for p in parts], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

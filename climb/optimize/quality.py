@@ -180,6 +180,11 @@ def warnings(q: dict) -> list[str]:
                    f"{skill[-1]:.2f} at the last iteration (want >= {MIN_OOF_SPEARMAN:g}), so the search rests on "
                    "its few proxies alone; turn experts off and train more proxies (search.experts = 0, "
                    "search.iterations), or train the experts longer (a larger search.experts)")
+    mixed = q.get("trained_in") or []
+    if len(mixed) > 1:
+        out.append(f"mixed devices or precisions: this search's proxies trained in {' and '.join(mixed)}, whose "
+                   "results are not comparable; set proxy.device and proxy.precision, and train those again "
+                   "(a new run folder, or delete search/)")
     merged = [v for v in q.get("merge_spearman") or [] if v is not None]
     if merged and merged[-1] < MIN_OOF_SPEARMAN:
         out.append(f"weak merged-model feature: the merged models' objective ranks the measured mixtures with "

@@ -327,10 +327,22 @@ def _extra(proxy_cfg: ProxyConfig, stats: dict, scored: dict[int, dict], final: 
         last = curve["step"][-1]
         for name in [m for m in final if m != "train_loss"]:
             curve[name] = [final[name] if s == last else scored.get(s, {}).get(name) for s in curve["step"]]
-    out = {"params": int(stats["num_params"]), "curve": curve if curve["step"] else None}
+    out = {"params": int(stats["num_params"]), "curve": curve if curve["step"] else None,
+           **trained_in(proxy_cfg)}
     if "continued_from" in stats:  # the base's steps, counted once in the base's own record
         out["base_steps"] = int(stats["continued_from"])
     return out
+
+
+def trained_in(proxy_cfg: ProxyConfig) -> dict:
+    """{"device", "precision"} a built-in proxy trains in here: results of different ones are
+    not comparable, and a search that mixes them says so (climb.optimize.quality)."""
+    import torch
+
+    from proxies.train import uses_bf16
+    device = resolve_device(proxy_cfg.device)
+    bf16 = uses_bf16(torch.device(device), proxy_cfg.precision, proxy_cfg.n_embd)
+    return {"device": device.split(":")[0], "precision": "bf16" if bf16 else "fp32"}
 
 
 def _lookup(task: ProxyTask) -> tuple[dict, int]:

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 # and the export folder is meant to load as a dataset.
 STATE = "stage_state.json"
 OWN_FILES = ("manifest.json", STATE)
+_DIGEST_CACHES: dict = {}
 
 
 def state_file(folder: Path) -> Path:
@@ -84,8 +85,15 @@ class ClusterOutputs:
     def summary(self) -> Path:  # clusters.json: n_clusters, sizes, top terms, exemplars, fine_to_cluster
         return self.dir / "clusters.json"
 
+    @property
+    def fitted(self) -> Path:  # what the centroids were fitted on, and the fine -> cluster plan kept with them
+        return self.dir / "fitted.json"
+
     def fine(self, shard: str) -> Path:
         return self.dir / "fine" / f"{shard}.parquet"
+
+    def shard_summary(self, shard: str) -> Path:  # one shard's part of clusters.json, kept while its inputs stay
+        return self.dir / "summary_parts" / f"{shard}.json"
 
     def assignments(self, shard: str) -> Path:
         """Parquet: one row per embedded document, `cluster` (-1: pruned) and its distance."""
@@ -259,6 +267,15 @@ class RunPaths:
         return self.root / name / "manifest.json"
 
     @property
+    def digests(self):
+        """The run's cache of input content digests (climb.io.digests), one per run folder and process."""
+        from climb.io.digests import DigestCache
+        key = str(self.root)
+        if key not in _DIGEST_CACHES:
+            _DIGEST_CACHES[key] = DigestCache(self.root / ".climb" / "digests.json")
+        return _DIGEST_CACHES[key]
+
+    @property
     def config(self) -> Path:
         return self.root / "config.toml"
 
@@ -326,31 +343,46 @@ class RunPaths:
             tmp.write_text(text)
 
 
-def output_fingerprints(folder: Path) -> dict[str, list[int]]:
-    """Size and mtime_ns of every file under a stage folder (temporary and bookkeeping files aside)."""
+def output_fingerprints(folder: Path) -> dict[str, list]:
+    """Size, mtime_ns and SHA-256 of every file under a stage folder (temporary and bookkeeping
+    files aside): the time says cheaply that a file is as written, the digest that a file
+    whose time changed (a copy without its times) still is."""
+    from climb.io.digests import file_digest
     out = {}
     for p in sorted(folder.rglob("*")):
         rel = p.relative_to(folder).as_posix()
         if rel in OWN_FILES or any(part.startswith(".") for part in p.relative_to(folder).parts) or not p.is_file():
             continue
         st = p.stat()
-        out[rel] = [st.st_size, st.st_mtime_ns]
+        out[rel] = [st.st_size, st.st_mtime_ns, file_digest(p)]
     return out
 
 
 def damaged_outputs(paths: RunPaths, stage: str) -> list[str]:
-    """Outputs of a finished stage that are missing or changed (size or mtime) since its manifest."""
+    """Outputs of a finished stage that are missing or changed since its manifest: another size,
+    or another time and other bytes. A file whose time alone changed (copied without its times)
+    is as written; the manifest then keeps its new time, so the next check is a stat again."""
+    from climb.io.digests import file_digest
     folder = paths.root / stage
-    recorded = read_json(paths.manifest(stage)).get("outputs") or {}
-    bad = []
-    for rel, (size, mtime_ns) in recorded.items():
+    manifest = read_json(paths.manifest(stage))
+    recorded = manifest.get("outputs") or {}
+    bad, touched = [], {}
+    for rel, entry in recorded.items():
+        size, mtime_ns = entry[:2]
         try:
             st = (folder / rel).stat()
         except FileNotFoundError:
             bad.append(rel)
             continue
-        if st.st_size != size or st.st_mtime_ns != mtime_ns:
+        if st.st_size != size:
             bad.append(rel)
+        elif st.st_mtime_ns != mtime_ns:
+            if len(entry) > 2 and file_digest(folder / rel) == entry[2]:
+                touched[rel] = [size, st.st_mtime_ns, entry[2]]
+            else:
+                bad.append(rel)
+    if touched and not bad:
+        write_json(paths.manifest(stage), {**manifest, "outputs": {**recorded, **touched}})
     return bad
 
 
@@ -359,6 +391,19 @@ def _describe(paths: RunPaths, stage: str, bad: list[str]) -> str:
     state = "missing" if not first.exists() else "changed (size or time)"
     more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
     return f"{first} is {state} since `climb {stage}` wrote it{more}"
+
+
+def upstream_resume(paths: RunPaths, stage: str) -> str | None:
+    """An earlier stage's resume key (the part of its key its settings make), None if it has none."""
+    m = paths.manifest(stage)
+    return read_json(m).get("resume") if m.exists() else None
+
+
+def output_digest(paths: RunPaths, stage: str, rel: str) -> str | None:
+    """The SHA-256 a finished stage's manifest records for one of its outputs (None: not recorded)."""
+    m = paths.manifest(stage)
+    entry = (read_json(m).get("outputs") or {}).get(rel) if m.exists() else None
+    return entry[2] if entry and len(entry) > 2 else None
 
 
 def upstream_key(paths: RunPaths, stage: str) -> str:
@@ -381,21 +426,29 @@ def upstream_key(paths: RunPaths, stage: str) -> str:
 
 
 def is_done(paths: RunPaths, stage: str, key: str, keep: tuple[str, ...] = (),
-            cascade: dict[str, str] | None = None) -> bool:
+            cascade: dict[str, str] | None = None, legacy_key: str | None = None) -> bool:
     """Whether the stage finished with this key and its outputs are intact.
 
     Damaged outputs are removed with the manifest, so the stage resumes and writes
     them again; `keep` names files repaired in place instead (an append-only log),
     and `cascade` maps a file to a folder that depends on it and goes with it.
+    A manifest written before stage keys were content keys matches `legacy_key` (the
+    key as it was computed then): it is upgraded in place (`upgrade`), nothing redone.
     """
     m = paths.manifest(stage)
     if not m.exists():
         return False
     try:
-        if read_json(m).get("hash") != key:
-            return False
+        manifest = read_json(m)
     except ValueError:
         return False
+    if manifest.get("key", manifest.get("hash")) != key:
+        if not (legacy_key and "key" not in manifest and manifest.get("hash") == legacy_key
+                and not damaged_outputs(paths, stage)):
+            return False
+        upgrade(paths, stage, key)
+    elif "key" not in manifest and not damaged_outputs(paths, stage):
+        upgrade(paths, stage, key)  # the same key as before: its outputs' digests are added
     bad = damaged_outputs(paths, stage)
     if not bad:
         return True
@@ -403,7 +456,8 @@ def is_done(paths: RunPaths, stage: str, key: str, keep: tuple[str, ...] = (),
     folder = paths.root / stage
     import shutil
     old = read_json(m)
-    write_json(state_file(folder), {"hash": key, "repairing": {k: old.get(k) for k in ("digest", "content")}})
+    write_json(state_file(folder), {"hash": key, "resume": old.get("resume"),
+                                    "repairing": {k: old.get(k) for k in ("digest", "content")}})
     for rel in bad:
         if rel in keep:
             continue
@@ -415,16 +469,48 @@ def is_done(paths: RunPaths, stage: str, key: str, keep: tuple[str, ...] = (),
     return False
 
 
+def upgrade(paths: RunPaths, stage: str, key: str) -> None:
+    """A manifest of an older run folder, its outputs found as it recorded them, given the
+    content key it matches now and its outputs' digests. Its `hash`, which later stages
+    keyed on, stays: they are not redone either."""
+    m = paths.manifest(stage)
+    manifest = read_json(m)
+    write_json(m, {**manifest, "key": key, "outputs": output_fingerprints(paths.root / stage)})
+    if str(paths.root) not in _UPGRADED:
+        log.info("%s: upgraded this run folder's manifests to content keys (inputs and outputs known by what "
+                 "they hold, not by where they lie or when they were written); nothing is redone", paths.root)
+    _UPGRADED.add(str(paths.root))
+
+
+_UPGRADED: set = set()
+
+
+def older_key(paths: RunPaths, stage: str, compute: Callable[[], str]) -> str | None:
+    """compute(): the stage's key as an older run folder computed it, asked only where the
+    stage's manifest predates content keys (it has no `key`); None elsewhere."""
+    m = paths.manifest(stage)
+    try:
+        return compute() if m.exists() and "key" not in read_json(m) else None
+    except (OSError, ValueError):
+        return None
+
+
 def begin(paths: RunPaths, stage: str, key: str, keep_on_change: bool = False,
-          keep_dirs: tuple[str, ...] = ()) -> Path:
+          keep_dirs: tuple[str, ...] = (), resume_key: str | None = None) -> Path:
     """Start (or resume) a stage. Task outputs left by a run with another config
     are stale: they are removed, or, for a stage too costly to lose (the search),
     moved aside to `<stage>.prev-<time>`. `keep_dirs` are subfolders that key their own
-    contents (the export's counts, by tokenizer and clusters) and stay."""
+    contents (the export's counts, by tokenizer and clusters) and stay. `resume_key`: the
+    part of the key that only the stage's settings make (not its inputs); where it is
+    unchanged, only inputs changed (a shard added, one replaced), and the outputs stay for
+    the stage's tasks to keep those whose own inputs are unchanged (each task checks)."""
     import shutil
     d = paths.stage(stage)
     state = state_file(d)
-    if state.exists() and read_json(state).get("hash") != key:
+    old = read_json(state) if state.exists() else {}
+    if state.exists() and old.get("hash") != key and resume_key and old.get("resume") == resume_key:
+        log.info("%s: its inputs changed, its settings did not; outputs of unchanged inputs are kept", stage)
+    elif state.exists() and old.get("hash") != key:
         if keep_on_change:
             old = d.with_name(f"{stage}.prev-{time.strftime('%Y%m%d-%H%M%S')}")
             log.warning("%s: config or inputs changed; previous results moved to %s", stage, old)
@@ -440,7 +526,7 @@ def begin(paths: RunPaths, stage: str, key: str, keep_on_change: bool = False,
             if child.name not in keep_dirs:
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
     kept = read_json(state) if state.exists() else {}
-    write_json(state, {**kept, "hash": key})
+    write_json(state, {**kept, "hash": key, "resume": resume_key})
     return d
 
 
@@ -473,9 +559,12 @@ def finish(paths: RunPaths, stage: str, key: str, stats: dict, started: float,
         content = before.get("content") if files_digest == before.get("digest") else files_digest
         if content != before.get("content"):
             log.warning("%s: the re-created outputs differ from the previous ones; later stages run again", stage)
-        write_json(state_file(folder), {"hash": key})
-    manifest = {"stage": stage, "hash": key, "stats": stats, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "digest": files_digest, "outputs": output_fingerprints(folder)}
+        write_json(state_file(folder), {"hash": key, "resume": state.get("resume")})
+    # `hash` is what later stages key on; `key` what this stage's next run matches (equal
+    # but in an upgraded older run folder, see upgrade).
+    manifest = {"stage": stage, "hash": key, "key": key, "resume": state.get("resume"), "stats": stats,
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "digest": files_digest,
+                "outputs": output_fingerprints(folder)}
     if content:
         manifest["content"] = content
     write_json(paths.manifest(stage), manifest)
@@ -485,19 +574,21 @@ def finish(paths: RunPaths, stage: str, key: str, stats: dict, started: float,
 
 def execute(paths: RunPaths, stage: str, key: str, body: Callable[[Path, Any], dict], *, executor=None,
             processes: int = 1, keep: tuple[str, ...] = (), cascade: dict[str, str] | None = None,
-            keep_on_change: bool = False, digest_files: tuple[str, ...] = (), keep_dirs: tuple[str, ...] = ()) -> dict:
+            keep_on_change: bool = False, digest_files: tuple[str, ...] = (), keep_dirs: tuple[str, ...] = (),
+            legacy_key: str | None = None, resume_key: str | None = None) -> dict:
     """What every stage does around its own work: skip it if it finished with this key and
     its outputs are intact; otherwise begin (or resume) it, run `body(folder, executor)`
     (the executor of `executor`, an ExecutorConfig, with `processes` local workers; None
     without one), and write the manifest from the stats it returns.
 
-    `keep`, `cascade` (see is_done), `keep_on_change` and `keep_dirs` (see begin) and
-    `digest_files` (see finish) are the stage's own rules for repairs and changes.
+    `keep`, `cascade` and `legacy_key` (see is_done), `keep_on_change`, `keep_dirs` and
+    `resume_key` (see begin) and `digest_files` (see finish) are the stage's own rules for
+    repairs and changes.
     """
-    if is_done(paths, stage, key, keep, cascade):
+    if is_done(paths, stage, key, keep, cascade, legacy_key):
         return skipped(paths, stage)
     started = time.time()
-    folder = begin(paths, stage, key, keep_on_change, keep_dirs)
+    folder = begin(paths, stage, key, keep_on_change, keep_dirs, resume_key)
     if executor is None:
         stats = body(folder, None)
     else:

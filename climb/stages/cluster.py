@@ -12,6 +12,13 @@
    and `clusters.json`: per cluster its documents, bytes, words, top TF-IDF terms
    and exemplar snippets.
 
+When only the corpus changed since the centroids were fitted (a shard added or
+replaced; the settings the same), the centroids and the fine -> cluster plan are kept
+(`fitted.json` says what they were fitted on), only the new or changed shards are
+assigned (each shard's files record the embeddings they came from), and the stats say
+how far the new documents lie from their centroids against those fitted on (`drift`);
+`cluster.refit = true` fits k-means again instead.
+
     climb cluster --config pipelines/demo.toml --run runs/demo
 """
 from __future__ import annotations
@@ -25,8 +32,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from climb.config import ClusterConfig, CorpusConfig, RunConfig, digest
-from climb.io.files import InputError, read_aligned, write_json, write_parquet
-from climb.runtime.stage import RunPaths, execute, upstream_key
+from climb.io.files import InputError, read_aligned, read_json, write_json, write_parquet
+from climb.runtime.stage import RunPaths, execute, output_digest, upstream_key, upstream_resume
 from climb.stages.embed import load_embeddings, load_ids
 from climb.stages.kmeans import assign, train_kmeans
 
@@ -69,6 +76,14 @@ class AssignTask:
     cluster: ClusterConfig
     centroids: str
     out: str
+    # The shard's embeddings (their digest), kept in the assignment file's metadata: a shard
+    # whose embeddings changed is assigned again when the stage keeps its centroids.
+    source: str = ""
+
+
+def _source(path: Path) -> str | None:
+    meta = pq.read_metadata(path).metadata or {}
+    return meta.get(b"source", b"").decode() or None
 
 
 def _quality(task: AssignTask, ids: list[str]) -> np.ndarray | None:
@@ -92,9 +107,10 @@ def _quality(task: AssignTask, ids: list[str]) -> np.ndarray | None:
 def assign_shard(task: AssignTask) -> dict:
     """Nearest fine centroid (and quality score) for every document of one shard."""
     out, k = Path(task.out), task.cluster.k
-    if out.exists():
-        t = pq.read_table(out, columns=["fine"])
-        return {"shard": task.shard, "counts": np.bincount(t["fine"].to_numpy(), minlength=k).tolist()}
+    if out.exists() and (not task.source or _source(out) == task.source):
+        t = pq.read_table(out, columns=["fine", "distance"])
+        return {"shard": task.shard, "counts": np.bincount(t["fine"].to_numpy(), minlength=k).tolist(),
+                "distance_sum": float(np.sum(t["distance"].to_numpy(), dtype=np.float64)), "assigned_now": False}
     paths = RunPaths(Path(task.run_dir))
     emb = load_embeddings(paths, [task.shard])[0]
     ids = load_ids(paths, task.shard)["id"].to_pylist()
@@ -105,8 +121,12 @@ def assign_shard(task: AssignTask) -> dict:
     q = _quality(task, ids)
     if q is not None:
         cols["quality"] = pa.array(q, pa.float32())
-    write_parquet(out, pa.table(cols))
-    return {"shard": task.shard, "counts": np.bincount(fine, minlength=k).tolist()}
+    table = pa.table(cols)
+    if task.source:
+        table = table.replace_schema_metadata({"source": task.source})
+    write_parquet(out, table)
+    return {"shard": task.shard, "counts": np.bincount(fine, minlength=k).tolist(),
+            "distance_sum": float(np.sum(dist, dtype=np.float64)), "assigned_now": True}
 
 
 def plan_clusters(cfg: ClusterConfig, centroids: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, dict]:
@@ -147,10 +167,28 @@ class SummariseTask:
     seed: int
     sample_p: float  # chance that a document is sampled for the top terms
     exemplars: int
+    # Where this shard's part of the summary is kept, and what it was made from: a shard
+    # whose assignments and plan are unchanged is not summarised (nor its text read) again.
+    cache: str = ""
+    cache_key: str = ""
 
 
 def finalise_shard(task: SummariseTask) -> dict:
     """Write the final cluster column and gather this shard's part of the summary."""
+    if task.cache and Path(task.cache).exists() and Path(task.out).exists():
+        try:
+            kept = read_json(task.cache)
+        except ValueError:
+            kept = {}
+        if kept.get("key") == task.cache_key:
+            return kept["part"]
+    part = _finalise(task)
+    if task.cache:
+        write_json(task.cache, {"key": task.cache_key, "part": part})
+    return part
+
+
+def _finalise(task: SummariseTask) -> dict:
     fine_tab = pq.read_table(task.fine)
     fine_to = np.asarray(task.fine_to)
     fine = fine_tab["fine"].to_numpy()
@@ -217,7 +255,36 @@ def key(cfg: RunConfig, paths: RunPaths) -> str:
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
     return execute(paths, "cluster", key(cfg, paths), lambda folder, ex: _cluster(cfg, paths, ex),
-                   executor=cfg.executor, digest_files=("clusters.json",))
+                   executor=cfg.executor, digest_files=("clusters.json",), resume_key=resume_key(cfg, paths))
+
+
+def resume_key(cfg: RunConfig, paths: RunPaths) -> str | None:
+    """What the centroids depend on besides the corpus: the settings and the embeddings' own
+    settings (None with cluster.refit: any change fits them again)."""
+    if cfg.cluster.refit:
+        return None
+    return digest(upstream_resume(paths, "embed"), cfg.cluster, cfg.corpus.text_column)
+
+
+def _kept_fit(paths: RunPaths, resumable: bool) -> dict | None:
+    """The centroids and plan of an earlier run of these settings, if the stage keeps them."""
+    out = paths.cluster
+    if not resumable or not (out.centroids.exists() and out.fitted.exists()):
+        return None
+    try:
+        return read_json(out.fitted)
+    except ValueError:
+        return None
+
+
+def _drop_stale(paths: RunPaths, names: list[str]) -> None:
+    """A shard that left the corpus takes its assignments and summary part with it."""
+    out = paths.cluster
+    keep = set(names)
+    for folder, suffix in (("fine", ".parquet"), ("assign", ".parquet"), ("summary_parts", ".json")):
+        for f in (out.dir / folder).glob(f"*{suffix}") if (out.dir / folder).exists() else ():
+            if f.name[: -len(suffix)] not in keep:
+                f.unlink()
 
 
 def _cluster(cfg: RunConfig, paths: RunPaths, ex) -> dict:
@@ -229,19 +296,38 @@ def _cluster(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     if n < settings.k:
         raise InputError(f"{n} documents but cluster.k={settings.k}: need at least as many documents as clusters; "
                          f"lower it (--set cluster.k={max(2, n // 10)}) or add documents")
-    sample = _sample(paths, names, sizes, settings.sample_size, settings.seed)
-    cents, kstats = train_kmeans(sample, settings.k, settings.niter, settings.seed)
-    np.save(out.centroids, cents)
+    # begin() left the centroids only where the settings are those they were fitted with
+    kept = _kept_fit(paths, resume_key(cfg, paths) is not None)
+    _drop_stale(paths, names)
+    sources = {s: output_digest(paths, "embed", f"{s}.npy") or "" for s in names}
+    if kept is None:
+        sample = _sample(paths, names, sizes, settings.sample_size, settings.seed)
+        cents, kstats = train_kmeans(sample, settings.k, settings.niter, settings.seed)
+        np.save(out.centroids, cents)
+    else:
+        cents = np.load(out.centroids)
+        kstats = {"seconds": 0.0, "backend": "kept", "fitted_on": kept["shards"]}
+    from climb.io.digests import file_digest
+    fitted_to = file_digest(out.centroids)  # an assignment is of these embeddings to these centroids
     tasks = [AssignTask(shard=s, path=str(files[s]), run_dir=str(paths.root), corpus=cfg.corpus, cluster=settings,
-                        centroids=str(out.centroids), out=str(out.fine(s))) for s in names]
+                        centroids=str(out.centroids), out=str(out.fine(s)), source=f"{sources[s]}:{fitted_to}")
+             for s in names]
     parts = ex.map(assign_shard, tasks, desc="assign")
     counts = np.sum([p["counts"] for p in parts], axis=0)
-    fine_to, prune = plan_clusters(settings, cents, counts)
+    if kept is None:
+        fine_to, prune = plan_clusters(settings, cents, counts)
+        kept = {"shards": names, "sources": sources, "fine_to": fine_to.tolist(), "prune": prune}
+        write_json(out.fitted, kept)
+    fine_to, prune = np.asarray(kept["fine_to"]), kept["prune"]
+    drift = _drift(parts, sizes, names, sources, kept)
     c = int(fine_to.max()) + 1
     sample_p = min(1.0, max(20, 20_000 // c) * c / n)
+    plan = digest(kept["fine_to"], settings.min_quality, settings.exemplars, settings.quality_column,
+                  settings.quality_fasttext)
     summarise = [SummariseTask(path=t.path, corpus=cfg.corpus, fine=t.out, out=str(out.assignments(t.shard)),
                                fine_to=tuple(fine_to.tolist()), min_quality=settings.min_quality, n_clusters=c,
-                               seed=settings.seed + i, sample_p=sample_p, exemplars=settings.exemplars)
+                               seed=settings.seed + i, sample_p=sample_p, exemplars=settings.exemplars,
+                               cache=str(out.shard_summary(t.shard)), cache_key=digest(plan, t.source))
                  for i, t in enumerate(tasks)]
     shard_parts = ex.map(finalise_shard, summarise, desc="summarise")
     docs = np.sum([f["docs"] for f in shard_parts], axis=0)
@@ -253,7 +339,7 @@ def _cluster(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         for cl, ts in f["samples"].items():
             samples.setdefault(int(cl), []).extend(ts)
         for cl, nearest in f["exemplars"].items():
-            exemplars.setdefault(int(cl), []).extend(nearest)
+            exemplars.setdefault(int(cl), []).extend(tuple(e) for e in nearest)
     terms = top_terms(samples, c, settings.top_terms)
     merged = np.stack([np.average(cents[fine_to == i], axis=0, weights=counts[fine_to == i] + 1e-9)
                        for i in range(c)])
@@ -264,14 +350,46 @@ def _cluster(cfg: RunConfig, paths: RunPaths, ex) -> dict:
                  "exemplars": [{"id": e[1], "distance": round(e[0], 4), "text": e[2]}
                                for e in sorted(exemplars.get(i, []))[: settings.exemplars]]} for i in range(c)]
     write_json(out.summary, {"n_clusters": c, "k": settings.k, "clusters": clusters,
-                             "fine_to_cluster": fine_to.tolist()})
+                             "fine_to_cluster": fine_to.tolist(), **({"drift": drift} if drift else {})})
     pruned = int(sum(f["pruned"] for f in shard_parts))
     stats = {"docs": n, "k": settings.k, "clusters": c, "assigned": int(docs.sum()), "pruned": pruned,
              "pruned_quality": int(sum(f["pruned_quality"] for f in shard_parts)), **prune, "kmeans": kstats,
-             "shards": names}
-    log.info("cluster: %d docs -> %d fine -> %d clusters (%d pruned); k-means %.1fs on %s",
-             n, settings.k, c, pruned, kstats["seconds"], kstats["backend"])
+             "shards": names, "assigned_now": [p["shard"] for p in parts if p.get("assigned_now")],
+             **({"drift": drift} if drift else {})}
+    log.info("cluster: %d docs -> %d fine -> %d clusters (%d pruned); k-means %.1fs on %s%s",
+             n, settings.k, c, pruned, kstats["seconds"], kstats["backend"],
+             f"; {drift['message']}" if drift else "")
     return stats
+
+
+def _drift(parts: list[dict], sizes: list[int], names: list[str], sources: dict, fitted: dict) -> dict | None:
+    """How far the documents of shards the centroids were not fitted on (added since, or whose
+    embeddings changed) lie from them, against those they were fitted on: the mean distance to
+    the nearest fine centroid. None when the centroids were fitted on every shard as it is."""
+    fit = fitted.get("sources", {})
+    was = [s in fitted["shards"] and (not fit.get(s) or fit.get(s) == sources[s]) for s in names]
+    if all(was) or not any(was):
+        return None
+
+    def mean(sel: list[bool]) -> float:
+        num = sum(p.get("distance_sum", 0.0) for p, keep in zip(parts, sel) if keep)
+        return num / max(1, sum(n for n, keep in zip(sizes, sel) if keep))
+    d_old, d_new = mean(was), mean([not w for w in was])
+    ratio = d_new / d_old if d_old > 0 else None
+    new = [s for s, w in zip(names, was) if not w]
+    msg = (f"{len(new)} shard(s) not among those the centroids were fitted on lie at mean distance {d_new:.4f} "
+           f"from their nearest centroid, against {d_old:.4f} for those fitted on")
+    if ratio is not None and ratio > DRIFT_WARN:
+        msg += f" ({ratio:.2f}x: the corpus has drifted from the centroids; cluster.refit = true fits them again)"
+        log.warning("cluster: %s", msg)
+    return {"new_shards": new, "mean_distance_new": round(d_new, 6), "mean_distance_fitted": round(d_old, 6),
+            "ratio": round(ratio, 4) if ratio else None, "drifted": bool(ratio and ratio > DRIFT_WARN),
+            "message": msg}
+
+
+# A corpus whose new documents lie this much further from the centroids than those fitted on
+# is said to have drifted from them.
+DRIFT_WARN = 1.1
 
 
 def load_assignments(paths: RunPaths, shard: str) -> pa.Table:

@@ -24,7 +24,7 @@ from climb.config import CorpusConfig, EmbedConfig, RunConfig, digest
 from climb.io.files import (InputError, file_name, fingerprint, is_url, read_documents, shard_name,
                             write_npy, write_parquet)
 from climb.runtime.device import resolve_device, resolve_dtype
-from climb.runtime.stage import EmbedOutputs, RunPaths, execute
+from climb.runtime.stage import EmbedOutputs, RunPaths, execute, older_key
 from climb.stages.embed_backend import resolve_backend, to_openvino
 from climb.stages.embed_static import load_static
 
@@ -108,20 +108,28 @@ class EmbedTask:
     out_dir: str
     corpus: CorpusConfig
     embed: EmbedConfig
+    # The file's content fingerprint (climb.io.digests), kept with the shard's outputs: a shard
+    # embedded from other bytes is embedded again.
+    source: tuple = ()
 
 
 def embed_shard(task: EmbedTask) -> dict:
     """Embed one corpus file; returns its stats. Safe to re-run: a shard whose files are both
-    there (the ids file is written last) is not embedded again."""
+    there (the ids file is written last), embedded from the same bytes, is not embedded again."""
     path, ccfg, ecfg = task.path, task.corpus, task.embed
     name = shard_name(path)
     out = EmbedOutputs(Path(task.out_dir))
     npy, ids_file = out.vectors(name), out.ids(name)
     if npy.exists() and ids_file.exists():
+        import json
+
         import pyarrow.parquet as pq
         meta = pq.read_metadata(ids_file).metadata or {}
-        return {"shard": name, "docs": pq.read_metadata(ids_file).num_rows, "resumed": True,
-                "skipped": {k.decode()[len("skipped."):]: int(v) for k, v in meta.items() if k.startswith(b"skipped.")}}
+        if not task.source or json.loads(meta.get(b"source", b"[]")) == list(task.source):
+            return {"shard": name, "docs": pq.read_metadata(ids_file).num_rows, "resumed": True,
+                    "skipped": {k.decode()[len("skipped."):]: int(v) for k, v in meta.items()
+                                if k.startswith(b"skipped.")}}
+        log.info("embed %s: its corpus file changed since it was embedded; embedding it again", name)
     t0 = time.time()
     model = load_model(ecfg)
     ids: list[str] = []
@@ -146,7 +154,11 @@ def embed_shard(task: EmbedTask) -> dict:
     emb = np.concatenate(chunks) if chunks else np.zeros((0, dim), np.float32)
     write_npy(npy, emb)
     table = pa.table({"id": pa.array(ids, pa.string()), "bytes": pa.array(nbytes, pa.int64())})
-    table = table.replace_schema_metadata({f"skipped.{k}": str(v) for k, v in skip.items()})
+    import json
+    meta = {f"skipped.{k}": str(v) for k, v in skip.items()}
+    if task.source:
+        meta["source"] = json.dumps(list(task.source))
+    table = table.replace_schema_metadata(meta)
     write_parquet(ids_file, table)
     secs = time.time() - t0
     log.info("embed %s: %d docs in %.1fs (%.0f docs/s)", name, len(ids), secs, len(ids) / max(secs, 1e-9))
@@ -179,11 +191,30 @@ def load_ids(paths: RunPaths, name: str) -> pa.Table:
         raise _damaged(path, e) from None
 
 
-def key(cfg: RunConfig, paths: RunPaths, files: list[Path | str] | None = None) -> str:
-    """The stage key; `files`: the corpus files when the caller has resolved them already
-    (a remote glob is a listing call)."""
+def key(cfg: RunConfig, paths: RunPaths, files: list[Path | str] | None = None, legacy: bool = False) -> str:
+    """The stage key: the corpus files by what they hold (climb.io.digests: name, size, SHA-256),
+    the columns and the embedding settings; `files`: the corpus files when the caller has
+    resolved them already (a remote glob is a listing call). `legacy`: the key as it was
+    before keys were content keys (each file's full path, size and time), which an older
+    run folder's manifest holds."""
+    from climb.io.digests import content_fingerprint
     files = paths.corpus_files(cfg) if files is None else files
-    return digest(cfg.corpus.text_column, cfg.corpus.id_column, cfg.embed, fingerprint(files))
+    if legacy:
+        return digest(cfg.corpus.text_column, cfg.corpus.id_column, cfg.embed, fingerprint(files))
+    return digest(resume_key(cfg), content_fingerprint(files, paths.digests))
+
+
+def resume_key(cfg: RunConfig) -> str:
+    """What the embeddings depend on besides the corpus's bytes: the columns, the settings, and
+    the device and precision they resolve to here (`embed.dtype = "auto"` is bf16 on one
+    machine and fp32 on another: their embeddings never share a key)."""
+    return digest(cfg.corpus.text_column, cfg.corpus.id_column, cfg.embed, precision(cfg))
+
+
+def precision(cfg: RunConfig) -> list[str]:
+    """[device, dtype] the embedding runs in on this machine."""
+    device = resolve_device(cfg.embed.device)
+    return [device.split(":")[0], str(resolve_dtype(cfg.embed.dtype, device)).removeprefix("torch.")]
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
@@ -193,13 +224,25 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
         clash = sorted({n for n in names if names.count(n) > 1})
         raise InputError(f"corpus files share the shard name(s) {clash} (e.g. part.parquet in two folders); "
                          "rename them or list one folder per run in corpus.paths")
-    return execute(paths, "embed", key(cfg, paths, files), lambda folder, ex: _embed(cfg, files, folder, ex),
-                   executor=cfg.executor)
+    return execute(paths, "embed", key(cfg, paths, files), lambda folder, ex: _embed(cfg, paths, files, folder, ex),
+                   executor=cfg.executor, legacy_key=older_key(paths, "embed", lambda: key(cfg, paths, files, True)),
+                   resume_key=resume_key(cfg))
 
 
-def _embed(cfg: RunConfig, files: list[Path | str], folder: Path, ex) -> dict:
+def _embed(cfg: RunConfig, paths: RunPaths, files: list[Path | str], folder: Path, ex) -> dict:
+    from climb.io.digests import content_fingerprint
     t0 = time.time()
-    tasks = [EmbedTask(path=str(f), out_dir=str(folder), corpus=cfg.corpus, embed=cfg.embed) for f in files]
+    out = EmbedOutputs(folder)
+    names = {shard_name(f) for f in files}
+    for stale in list(folder.glob("*.ids.parquet")):  # a shard whose file left the corpus goes with it
+        name = stale.name[: -len(".ids.parquet")]
+        if name not in names:
+            log.info("embed %s: no longer in the corpus; its embeddings are removed", name)
+            stale.unlink()
+            out.vectors(name).unlink(missing_ok=True)
+    sources = content_fingerprint(files, paths.digests)
+    tasks = [EmbedTask(path=str(f), out_dir=str(folder), corpus=cfg.corpus, embed=cfg.embed, source=tuple(src))
+             for f, src in zip(files, sources)]
     results = ex.map(embed_shard, tasks, desc="embed", resources={"GPU": 1})
     docs = sum(r["docs"] for r in results)
     if docs == 0:
@@ -214,7 +257,7 @@ def _embed(cfg: RunConfig, files: list[Path | str], folder: Path, ex) -> dict:
     resumed = sum(bool(r.get("resumed")) for r in results)
     stats = {"docs": docs, "shards": [r["shard"] for r in results], "skipped": dict(skip),
              "docs_per_s": round(fresh / max(secs, 1e-9), 1) if fresh else None, "resumed_shards": resumed,
-             "device": resolve_device(cfg.embed.device), "model": cfg.embed.model,
+             "device": resolve_device(cfg.embed.device), "dtype": precision(cfg)[1], "model": cfg.embed.model,
              "backend": sorted({r["backend"] for r in results if r.get("backend")})}
     log.info("embed: %d docs from %d shards%s, %s docs/s, skipped %s", docs, len(files),
              f" ({resumed} done before)" if resumed else "",

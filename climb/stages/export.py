@@ -430,7 +430,7 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
     dest = destination(cfg, paths)
     check_destination(cfg, paths)
     manifest = paths.manifest("export")
-    if manifest.exists() and read_json(manifest).get("hash") == k:
+    if manifest.exists() and read_json(manifest).get("key", read_json(manifest).get("hash")) == k:
         bad = damaged_destination(paths)
         if bad:
             more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""

@@ -357,7 +357,8 @@ def validation_summary(cfg: RunConfig, paths: RunPaths) -> tuple[dict | None, st
     if not paths.manifest("validate").exists():
         return None, ""
     vkey = upstream_key(paths, "validate")
-    if read_json(paths.manifest("validate")).get("hash") != validate.key(cfg, paths):
+    m = read_json(paths.manifest("validate"))
+    if m.get("key", m.get("hash")) != validate.key(cfg, paths):
         log.info("report: validate/ is from another search or config; run `climb validate` to bring it up to date")
         return None, ""
     return read_json(paths.validate.summary), vkey

@@ -13,9 +13,9 @@ the predictor rates best, or the predicted best / mean of the top k); it is then
 compared with the uniform and natural mixtures by training fresh proxies with
 seeds the search never used (`search.eval_seeds` per mixture).
 
-Two settings spend less proxy compute on the same choice (README, "Spending less
-on proxies"): `search.halving` trains every proxy of an iteration but the last to a
-rung, scores it there and continues only the best (from a checkpoint), the rest
+Two settings spend less proxy compute on the same choice (docs/spending-less.md):
+`search.halving` trains every proxy of an iteration but the last to a rung, scores it
+there and continues only the best (from a checkpoint), the rest
 entering the predictor at the value the curve model predicts; `search.experts`
 first trains one expert per cluster and lets the predictor fit a line in each
 mixture's expert-ensemble objective.
@@ -31,16 +31,17 @@ again (`search.retry_failed`). The swarm is also written as CSV (`swarm_weights.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 
 from climb.config import RunConfig, digest, without
-from climb.io.files import read_json, write_json
+from climb.io.files import is_url, read_json, write_json
 from climb.optimize.predictor import goal_sign
 from climb.optimize.quality import MIN_OOF_SPEARMAN, MIN_SNR, oof_spearman, pooled_noise, snr, warnings
 from climb.runtime import results as results_log
 from climb.runtime.device import proxy_processes
-from climb.runtime.stage import RunPaths, execute, upstream_key
+from climb.runtime.stage import RunPaths, execute, older_key, upstream_key
 from climb.stages.search_cheap import (experts_feature, experts_skill, halving, merged_feature, record_merge_scoring,
                                        shared_base)
 from climb.stages.search_common import (append, candidate_pool, final_mixture, fixed_candidates, mixture_space,
@@ -80,17 +81,35 @@ def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: 
     return plan
 
 
-def key(cfg: RunConfig, paths: RunPaths) -> str:
+def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False) -> str:
+    """The stage key: the token store, the proxies, the target with its files by what they hold
+    (`legacy`: without them, as older run folders keyed it), the search and the budget."""
     # A time limit, the retry rule or the curves recorded change how proxies run, not what they measure.
-    return digest(upstream_key(paths, "tokenize"), without(cfg.proxy, "timeout_s", "curve_points", "curve_evals"),
-                  cfg.target,
-                  without(cfg.search, "retry_failed"), cfg.export.token_budget)
+    parts = [upstream_key(paths, "tokenize"), without(cfg.proxy, "timeout_s", "curve_points", "curve_evals"),
+             cfg.target, without(cfg.search, "retry_failed"), cfg.export.token_budget]
+    return digest(*parts) if legacy else digest(*parts, target_files(cfg, paths))
+
+
+def target_files(cfg: RunConfig, paths: RunPaths) -> list:
+    """The target's texts and task files by what they hold (climb.io.digests); names that match no
+    file are left to the proxies to report (an external trainer may not read them at all)."""
+    from climb.io.digests import content_fingerprint
+    from climb.io.files import InputError, resolve_corpus_files
+    files = []
+    for pattern in cfg.target.texts:
+        try:
+            files += list(resolve_corpus_files([pattern], paths.root))
+        except InputError:
+            continue
+    files += [p.replace("{run}", str(paths.root)) for _, p in sorted(cfg.target.tasks.items())]
+    return content_fingerprint([f for f in files if is_url(f) or Path(f).exists()], paths.digests)
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
     # A damaged results file is repaired in place; an earlier search's results under another
     # config are moved aside, not deleted.
     return execute(paths, "search", key(cfg, paths), lambda folder, ex: _search(cfg, paths, ex),
+                   legacy_key=older_key(paths, "search", lambda: key(cfg, paths, legacy=True)),
                    executor=cfg.executor, processes=proxy_processes(cfg.proxy, cfg.executor),
                    keep=("results.jsonl",), keep_on_change=True, digest_files=("mixture.json",))
 
@@ -156,6 +175,8 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         results_log.require_successes([r for per in runs.values() for r in per.values()], 1, "comparison proxies")
     table, verdicts = comparison_table(cfg, runs)
     quality = _quality(cfg, results, reps, runs, oof)
+    quality["trained_in"] = sorted({f"{r['device']} {r['precision']}" for r in results + [
+        x for per in runs.values() for x in per.values()] if r.get("device") and r.get("status") == "ok"})
     if prior is not None:
         quality["merge_spearman" if search_cfg.merge else "experts_spearman"] = skill
     quality["comparison"] = verdicts

@@ -14,7 +14,11 @@ one token file per cluster (proxies.tokens). Outputs, under `<run>/tokenize/`:
   are deleted once the merge is complete (they would hold every token twice).
 
 A shard whose part is complete is not tokenised again, so a killed stage resumes
-shard by shard; a merged store found damaged later tokenises its shards again.
+shard by shard; a merged store found damaged later tokenises its shards again. When
+only the corpus changed (a shard added or replaced, the clusters kept: climb.stages.cluster),
+the tokenizer is kept and only the shards whose assignments changed are tokenised; the
+others' tokens come from the merged store (each part records the assignments it was
+made from).
 The search trains proxies on the store; the export counts and cuts documents
 with the tokenizer.
 
@@ -29,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from climb.config import CorpusConfig, RunConfig, digest
-from climb.io.files import fingerprint, read_aligned, read_documents
-from climb.runtime.stage import RunPaths, execute, upstream_key
+from climb.io.files import fingerprint, read_aligned, read_documents, read_json
+from climb.runtime.stage import RunPaths, execute, older_key, output_digest, upstream_key, upstream_resume
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,7 @@ class TokenizeTask:
     tokenizer: str
     assignments: str
     store: str
+    source: str = ""  # the assignments' digest, kept in the part's done.json
 
 
 def tokenize_shard(task: TokenizeTask) -> dict:
@@ -58,7 +63,12 @@ def tokenize_shard(task: TokenizeTask) -> dict:
             if clusters[row] >= 0:  # pruned documents never reach a proxy
                 texts.append(text)
                 cl.append(int(clusters[row]))
-    return write_shard_tokens(texts, np.asarray(cl, dtype=np.int64), tok, task.store, task.shard)
+    stats = write_shard_tokens(texts, np.asarray(cl, dtype=np.int64), tok, task.store, task.shard)
+    if task.source and stats.get("source") != task.source:
+        from climb.io.files import write_json
+        stats = {**stats, "source": task.source}
+        write_json(Path(task.store) / "parts" / task.shard / "done.json", stats)
+    return stats
 
 
 def tokenizer_texts(cfg: RunConfig, files: list[Path | str]) -> list[str]:
@@ -75,13 +85,37 @@ def tokenizer_texts(cfg: RunConfig, files: list[Path | str]) -> list[str]:
     return texts
 
 
-def key(cfg: RunConfig, paths: RunPaths) -> str:
+def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False) -> str:
     proxy_cfg = cfg.proxy
-    # A given tokenizer keys by its file too; a missing one is named by load_tokenizer when the stage runs.
-    given = fingerprint([proxy_cfg.tokenizer]) if proxy_cfg.tokenizer and Path(proxy_cfg.tokenizer).exists() else None
-    return digest(upstream_key(paths, "cluster"), cfg.corpus.text_column, cfg.corpus.id_column,
-                  {"tokenizer": proxy_cfg.tokenizer, "vocab_size": proxy_cfg.vocab_size,
-                   "tokenizer_docs": proxy_cfg.tokenizer_docs}, given)
+    # A given tokenizer keys by its content too (`legacy`: by its path and time, as older run
+    # folders did); a missing one is named by load_tokenizer when the stage runs.
+    given = None
+    if proxy_cfg.tokenizer and Path(proxy_cfg.tokenizer).exists():
+        from climb.io.digests import content_fingerprint
+        given = fingerprint([proxy_cfg.tokenizer]) if legacy else content_fingerprint([proxy_cfg.tokenizer],
+                                                                                      paths.digests)
+    return digest(upstream_key(paths, "cluster"), *_settings(cfg, given))
+
+
+def _settings(cfg: RunConfig, given) -> list:
+    proxy_cfg = cfg.proxy
+    return [cfg.corpus.text_column, cfg.corpus.id_column,
+            {"tokenizer": proxy_cfg.tokenizer, "vocab_size": proxy_cfg.vocab_size,
+             "tokenizer_docs": proxy_cfg.tokenizer_docs}, given]
+
+
+def resume_key(cfg: RunConfig, paths: RunPaths) -> str | None:
+    """What the tokenizer and the parts depend on besides the assignments: the clusters' own
+    settings and the tokenizer's (None where the clusters are fitted again: a refit moves
+    every document)."""
+    up = upstream_resume(paths, "cluster")
+    if up is None:
+        return None
+    given = None
+    if cfg.proxy.tokenizer and Path(cfg.proxy.tokenizer).exists():
+        from climb.io.digests import content_fingerprint
+        given = content_fingerprint([cfg.proxy.tokenizer], paths.digests)
+    return digest(up, *_settings(cfg, given))
 
 
 def cluster_tokens(paths: RunPaths) -> np.ndarray:
@@ -94,7 +128,9 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
     # A damaged tokenizer takes the token store made with it along.
     return execute(paths, "tokenize", key(cfg, paths), lambda folder, ex: _tokenize(cfg, paths, ex),
                    executor=cfg.executor, cascade={"tokenizer.json": "tokens"},
-                   digest_files=("tokenizer.json", "tokens/index.json"))
+                   digest_files=("tokenizer.json", "tokens/index.json"),
+                   legacy_key=older_key(paths, "tokenize", lambda: key(cfg, paths, legacy=True)),
+                   resume_key=resume_key(cfg, paths))
 
 
 def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
@@ -109,11 +145,17 @@ def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     else:
         tok = train_bpe(tokenizer_texts(cfg, paths.corpus_files(cfg)), cfg.proxy.vocab_size, out.tokenizer)
     names = paths.shards()
-    if not store_is_complete(out.store):
+    sources = {s: output_digest(paths, "cluster", f"assign/{s}.parquet") or "" for s in names}
+    todo = _parts_to_tokenize(out.store, names, sources)
+    index = out.store / "index.json"
+    merged = store_is_complete(out.store) and index.exists() and read_json(index).get("shards") == names
+    if todo or not merged:
         files = paths.shard_files(cfg)
         tasks = [TokenizeTask(shard=s, path=str(files[s]), corpus=cfg.corpus, tokenizer=str(out.tokenizer),
-                              assignments=str(paths.cluster.assignments(s)), store=str(out.store)) for s in names]
-        ex.map(tokenize_shard, tasks, desc="tokenize")
+                              assignments=str(paths.cluster.assignments(s)), store=str(out.store),
+                              source=sources[s]) for s in names if s in todo]
+        if tasks:
+            ex.map(tokenize_shard, tasks, desc="tokenize")
         merge_token_stores(out.store, names, paths.n_clusters())
     # The parts' token files would hold every token a second time (half the folder at 1M documents).
     freed = drop_merged_parts(out.store, names)
@@ -123,4 +165,32 @@ def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     vocab = tok.vocab_size
     log.info("tokenize: %d tokens in %d clusters from %d shards (vocabulary %d)", int(store.tokens.sum()),
              len(store.tokens), len(names), vocab)
-    return {"tokens": int(store.tokens.sum()), "clusters": len(store.tokens), "shards": names, "vocab_size": vocab}
+    return {"tokens": int(store.tokens.sum()), "clusters": len(store.tokens), "shards": names, "vocab_size": vocab,
+            "tokenized_now": sorted(todo)}
+
+
+def _parts_to_tokenize(store: Path, names: list[str], sources: dict[str, str]) -> set[str]:
+    """The shards to tokenise: those without a part, whose part was made from other assignments,
+    or whose tokens are neither in the part's files nor in the merged store. A shard that left
+    the corpus takes its part with it."""
+    import shutil
+
+    from proxies.tokens import _bad_parts, _load_shard_stats, part_in_store
+    parts = store / "parts"
+    if parts.exists():
+        for d in parts.iterdir():
+            if d.is_dir() and d.name not in names:
+                shutil.rmtree(d)
+    todo = set()
+    for s in names:
+        done = parts / s / "done.json"
+        if not done.exists():
+            todo.add(s)
+            continue
+        stats = _load_shard_stats(done)
+        if sources[s] and stats.get("source", sources[s]) != sources[s]:
+            shutil.rmtree(parts / s)  # its assignments changed: its tokens are of other clusters
+            todo.add(s)
+        elif _bad_parts(parts / s, stats) and not part_in_store(store, s):
+            todo.add(s)
+    return todo
