@@ -20,6 +20,10 @@ def check_config(cfg: RunConfig) -> None:
         raise ConfigError(f"target.goal must be 'minimize' or 'maximize', got {cfg.target.goal!r}")
     if cfg.cluster.k < 2:
         raise ConfigError("cluster.k must be at least 2")
+    if not 0 <= cfg.dedup.threshold <= 1:
+        raise ConfigError(f"dedup.threshold is a cosine in [0, 1] (0: no near duplicates), got {cfg.dedup.threshold}")
+    if cfg.dedup.neighbors < 1:
+        raise ConfigError(f"dedup.neighbors must be at least 1, got {cfg.dedup.neighbors}")
     if not cfg.search.iterations or min(cfg.search.iterations) < 1:
         raise ConfigError("search.iterations must be a non-empty list of positive counts, e.g. [16, 8, 4]")
     if cfg.embed.backend not in EMBED_BACKENDS:

@@ -114,6 +114,22 @@ def _shared(owner: type, name: str) -> Any:
 
 
 @dataclass(frozen=True)
+class DedupConfig:
+    # Duplicates, found after the clusters are (climb/stages/dedup.py): exact ones (a hash of
+    # the text lower-cased, its punctuation and spacing dropped) ...
+    exact: bool = True
+    # ... and near ones: within a fine k-means cluster, a document whose embedding has a
+    # cosine of at least this with an earlier one's (SemDeDup); 0 = none. Each document's
+    # `neighbors` nearest are compared (FAISS), so memory stays bounded in a large cluster.
+    threshold: float = 0.95
+    neighbors: int = 16
+    # false: counted and reported (clusters.json, the report, the dataset card), nothing
+    # changed; true: the duplicates leave the token store and the export, so shares and
+    # epoch caps count distinct text (the first of each group, in corpus order, stays).
+    drop: bool = False
+
+
+@dataclass(frozen=True)
 class ProxyConfig:
     # Tokenizer: "" trains a byte-level BPE on the corpus; or a tokenizer.json path.
     tokenizer: str = ""
@@ -422,6 +438,7 @@ class RunConfig:
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     embed: EmbedConfig = field(default_factory=EmbedConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     target: TargetConfig = field(default_factory=TargetConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
@@ -513,6 +530,7 @@ def to_toml(cfg: RunConfig) -> str:
 # what climb did before it existed, so there it enters no key, and an older run folder's
 # stages keep theirs.
 ADDED_FIELDS = {
+    "RunConfig": ("dedup",),
     "ClusterConfig": ("refit",),
     "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens"),
     "TargetConfig": ("lm_eval", "lm_eval_include"),

@@ -95,6 +95,9 @@ class ClusterOutputs:
     def shard_summary(self, shard: str) -> Path:  # one shard's part of clusters.json, kept while its inputs stay
         return self.dir / "summary_parts" / f"{shard}.json"
 
+    def text_hashes(self, shard: str) -> Path:  # each document's normalised-text hash (climb.stages.dedup)
+        return self.dir / "summary_parts" / f"{shard}.hashes.npy"
+
     def assignments(self, shard: str) -> Path:
         """Parquet: one row per embedded document, `cluster` (-1: pruned) and its distance."""
         return self.dir / "assign" / f"{shard}.parquet"

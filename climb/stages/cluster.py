@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from climb.config import ClusterConfig, CorpusConfig, RunConfig, digest
 from climb.io.files import InputError, read_aligned, read_json, write_json, write_parquet
 from climb.runtime.stage import RunPaths, execute, output_digest, upstream_key, upstream_resume
+from climb.stages.dedup import text_hash
 from climb.stages.embed import load_embeddings, load_ids
 from climb.stages.kmeans import assign, train_kmeans
 
@@ -171,11 +172,13 @@ class SummariseTask:
     # whose assignments and plan are unchanged is not summarised (nor its text read) again.
     cache: str = ""
     cache_key: str = ""
+    hashes: str = ""  # where each document's text hash goes (climb.stages.dedup.text_hash; 0: pruned)
 
 
 def finalise_shard(task: SummariseTask) -> dict:
     """Write the final cluster column and gather this shard's part of the summary."""
-    if task.cache and Path(task.cache).exists() and Path(task.out).exists():
+    if (task.cache and Path(task.cache).exists() and Path(task.out).exists()
+            and (not task.hashes or Path(task.hashes).exists())):
         try:
             kept = read_json(task.cache)
         except ValueError:
@@ -202,6 +205,7 @@ def _finalise(task: SummariseTask) -> dict:
     table = pa.table({"id": fine_tab["id"], "fine": fine_tab["fine"],
                       "cluster": pa.array(cluster, pa.int32()), "distance": fine_tab["distance"]})
     write_parquet(task.out, table)
+    hashes = np.zeros(len(cluster), dtype=np.int64)
     c = task.n_clusters
     bytes_, words = np.zeros(c, np.int64), np.zeros(c, np.int64)
     rng = np.random.default_rng(task.seed)
@@ -212,6 +216,8 @@ def _finalise(task: SummariseTask) -> dict:
             cl = int(cluster[row])
             if cl < 0:
                 continue
+            if task.hashes:
+                hashes[row] = text_hash(text)
             bytes_[cl] += len(text.encode("utf-8"))
             words[cl] += len(text.split())
             if rng.random() < task.sample_p:
@@ -220,6 +226,9 @@ def _finalise(task: SummariseTask) -> dict:
             nearest.append((float(dist[row]), doc_id, text[:SNIPPET]))
             nearest.sort()
             del nearest[task.exemplars:]
+    if task.hashes:
+        from climb.io.files import write_npy
+        write_npy(task.hashes, hashes)
     return {"bytes": bytes_.tolist(), "words": words.tolist(), "samples": samples, "exemplars": best,
             "docs": np.bincount(cluster[cluster >= 0], minlength=c).tolist(),
             "pruned_quality": pruned_quality, "pruned": int((cluster < 0).sum())}
@@ -250,7 +259,13 @@ def top_terms(samples: dict[int, list[str]], n_clusters: int, n_terms: int) -> l
 
 
 def key(cfg: RunConfig, paths: RunPaths) -> str:
-    return digest(upstream_key(paths, "embed"), cfg.cluster, cfg.corpus.text_column)
+    return digest(upstream_key(paths, "embed"), cfg.cluster, cfg.corpus.text_column, *_dedup_part(cfg))
+
+
+def _dedup_part(cfg: RunConfig) -> list:
+    """[dedup] in the key: left out at its defaults, so run folders from before it keep their keys."""
+    from climb.config import DedupConfig
+    return [] if cfg.dedup == DedupConfig() else [cfg.dedup]
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
@@ -323,11 +338,12 @@ def _cluster(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     c = int(fine_to.max()) + 1
     sample_p = min(1.0, max(20, 20_000 // c) * c / n)
     plan = digest(kept["fine_to"], settings.min_quality, settings.exemplars, settings.quality_column,
-                  settings.quality_fasttext)
+                  settings.quality_fasttext, cfg.dedup.exact)
     summarise = [SummariseTask(path=t.path, corpus=cfg.corpus, fine=t.out, out=str(out.assignments(t.shard)),
                                fine_to=tuple(fine_to.tolist()), min_quality=settings.min_quality, n_clusters=c,
                                seed=settings.seed + i, sample_p=sample_p, exemplars=settings.exemplars,
-                               cache=str(out.shard_summary(t.shard)), cache_key=digest(plan, t.source))
+                               cache=str(out.shard_summary(t.shard)), cache_key=digest(plan, t.source),
+                               hashes=str(out.text_hashes(t.shard)) if cfg.dedup.exact else "")
                  for i, t in enumerate(tasks)]
     shard_parts = ex.map(finalise_shard, summarise, desc="summarise")
     docs = np.sum([f["docs"] for f in shard_parts], axis=0)
@@ -345,14 +361,26 @@ def _cluster(cfg: RunConfig, paths: RunPaths, ex) -> dict:
                        for i in range(c)])
     merged /= np.linalg.norm(merged, axis=1, keepdims=True) + 1e-12
     np.save(out.cluster_centroids, merged.astype(np.float32))
+    dups = _dedup(cfg, paths, names, c)
     clusters = [{"cluster": i, "fine": np.flatnonzero(fine_to == i).tolist(), "docs": int(docs[i]),
                  "bytes": int(bytes_[i]), "words": int(words[i]), "top_terms": terms[i],
                  "exemplars": [{"id": e[1], "distance": round(e[0], 4), "text": e[2]}
-                               for e in sorted(exemplars.get(i, []))[: settings.exemplars]]} for i in range(c)]
+                               for e in sorted(exemplars.get(i, []))[: settings.exemplars]],
+                 **({"duplicates": {"exact": dups["exact"][i], "near": dups["near"][i]},
+                     "docs_distinct": dups["docs"][i] - dups["exact"][i] - dups["near"][i],
+                     "bytes_distinct": dups["bytes_distinct"][i]} if dups else {})} for i in range(c)]
     write_json(out.summary, {"n_clusters": c, "k": settings.k, "clusters": clusters,
                              "fine_to_cluster": fine_to.tolist(), **({"drift": drift} if drift else {})})
     pruned = int(sum(f["pruned"] for f in shard_parts))
+    if dups:
+        total = sum(dups["docs"])
+        found = sum(dups["exact"]) + sum(dups["near"])
+        dedup_stats = {"exact": sum(dups["exact"]), "near": sum(dups["near"]), "rate": round(found / max(1, total), 6),
+                       "dropped": found if cfg.dedup.drop else 0}
+        log.info("dedup: %d exact and %d near duplicates of %d documents (%.2f%%)%s", dedup_stats["exact"],
+                 dedup_stats["near"], total, 100 * dedup_stats["rate"], "; dropped" if cfg.dedup.drop else "")
     stats = {"docs": n, "k": settings.k, "clusters": c, "assigned": int(docs.sum()), "pruned": pruned,
+             **({"duplicates": dedup_stats} if dups else {}),
              "pruned_quality": int(sum(f["pruned_quality"] for f in shard_parts)), **prune, "kmeans": kstats,
              "shards": names, "assigned_now": [p["shard"] for p in parts if p.get("assigned_now")],
              **({"drift": drift} if drift else {})}
@@ -360,6 +388,33 @@ def _cluster(cfg: RunConfig, paths: RunPaths, ex) -> dict:
              n, settings.k, c, pruned, kstats["seconds"], kstats["backend"],
              f"; {drift['message']}" if drift else "")
     return stats
+
+
+def _dedup(cfg: RunConfig, paths: RunPaths, names: list[str], n_clusters: int) -> dict | None:
+    """Find the duplicates (climb.stages.dedup), mark them in the assignment files (and drop them
+    from their clusters with dedup.drop); their counts per cluster (None: dedup off)."""
+    from climb.stages import dedup
+    d = cfg.dedup
+    if not d.exact and not d.threshold:
+        return None
+    out = paths.cluster
+    clusters, fines, hashes, ids, nbytes = [], [], [], [], []
+    for s in names:
+        t = pq.read_table(out.assignments(s))
+        c = t["cluster"].to_numpy()
+        if "duplicate_cluster" in t.column_names:  # a drop done before: the clusters it took them from
+            before = t["duplicate_cluster"].to_numpy()
+            c = np.where(before >= 0, before, c)
+        clusters.append(c)
+        fines.append(t["fine"].to_numpy())
+        ids.append(t["id"].to_pylist())
+        hashes.append(np.load(out.text_hashes(s)) if d.exact else np.zeros(len(c), np.int64))
+        nbytes.append(load_ids(paths, s)["bytes"].to_numpy())
+    found = dedup.find_duplicates(d, names, clusters, fines, hashes, lambda s: load_embeddings(paths, [s])[0])
+    every_id = [i for shard_ids in ids for i in shard_ids]
+    for s, (kind, of) in zip(names, found):
+        dedup.mark(out.assignments(s), kind, [every_id[j] if j >= 0 else "" for j in of], d.drop)
+    return dedup.counts([k for k, _ in found], clusters, nbytes, n_clusters)
 
 
 def _drift(parts: list[dict], sizes: list[int], names: list[str], sources: dict, fitted: dict) -> dict | None:

@@ -76,6 +76,13 @@ def card(cfg: RunConfig, paths: RunPaths, w: np.ndarray, real_w: np.ndarray, pla
              "95% interval (a difference whose interval spans zero is not resolved):\n\n" + summary_table(summary))
     transfer = ("\n\n### Does it transfer to a larger model?\n\n" + transfer_section(validation)) if validation else \
         "\n\nThe mixture was not validated on a larger model (`validate.enabled = false`)."
+    from climb.stages.summary import duplicates
+    dups = duplicates(paths)
+    if dups:
+        t = dups["total"]
+        how.append(f"- duplicates in the corpus: {t['exact']:,} exact and {t['near']:,} near of {t['docs']:,} "
+                   "documents " + ("(dropped: every row here is distinct text)" if dups["dropped"]
+                      else "(kept: rows may repeat a text; `dedup.drop = true` drops them)"))
     megatron = stats.get("megatron")
     names = ["mixture.json"] + ["interleave.json"] * bool(by_cluster) + ["megatron_blend.txt"] * bool(megatron)
     blends = ", ".join(f"`{n}`" for n in names)

@@ -351,6 +351,23 @@ def page_html(page: str, folder: Path, title: str) -> str:
         ""])
 
 
+def _duplicates_section(paths: RunPaths) -> str:
+    """The report's duplicates and drift, where the run has them (climb.stages.dedup, cluster)."""
+    from climb.stages.summary import duplicates, duplicates_table
+    d = duplicates(paths)
+    if d is None:
+        return ""
+    t = d["total"]
+    what = ("They were dropped: the token store and the export hold the first of each group only."
+            if d["dropped"] else "They stay in the token store and the export (`dedup.drop = true` drops them).")
+    text = (f"\n## Duplicates\n\n{t['exact']:,} exact and {t['near']:,} near duplicates among {t['docs']:,} "
+            f"documents ({100 * (t['exact'] + t['near']) / max(1, t['docs']):.2f}%). {what}\n\n"
+            + duplicates_table(d) + "\n")
+    if d.get("drift"):
+        text += f"\n**Corpus drift.** {d['drift']['message']}.\n"
+    return text
+
+
 def validation_summary(cfg: RunConfig, paths: RunPaths) -> tuple[dict | None, str]:
     """The validate stage's summary and manifest hash, if it finished for the current search and config."""
     from climb.stages import validate
@@ -441,7 +458,7 @@ Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy see
 
 ![sizes](cluster_sizes.png)
 ![map](cluster_map.png)
-"""
+{_duplicates_section(paths)}"""
     paths.report.page.write_text(page)
     paths.report.html.write_text(page_html(page, out, f"climb report: {cfg.name}"), encoding="utf-8")
     print("\n" + summary_table(summary) + "\n\n" + quality_lines(quality)

@@ -63,3 +63,41 @@ def search_summary(cfg: RunConfig, paths: RunPaths, n_results: int, n_clusters: 
             + sstats.get("base_proxies", 0) + sstats.get("merge_proxies", 0),
             "clusters": n_clusters,
             "compute": compute_account(paths)}
+
+
+def duplicates(paths: RunPaths) -> dict | None:
+    """Per cluster: documents, exact and near duplicates (climb.stages.dedup), and tokens before and
+    after them; None where the run found none (dedup off, or a run from before it)."""
+    csum = read_json(paths.cluster.summary)
+    clusters = csum["clusters"]
+    if not clusters or "duplicates" not in clusters[0]:
+        return None
+    tstats = paths.stats("tokenize") if paths.manifest("tokenize").exists() else {}
+    inside = tstats.get("duplicate_tokens")
+    dropped = tstats.get("dropped_duplicate_tokens")
+    from climb.stages.tokenization import cluster_tokens
+    store = cluster_tokens(paths).tolist() if paths.manifest("tokenize").exists() else None
+    rows = []
+    for i, c in enumerate(clusters):
+        row = {"cluster": c["cluster"], "docs": c["docs"], "exact": c["duplicates"]["exact"],
+               "near": c["duplicates"]["near"], "docs_distinct": c["docs_distinct"]}
+        if store is not None and inside is not None:
+            before = store[i] + (dropped[i] if dropped else 0)
+            row.update(tokens_before=int(before), tokens_after=int(before - inside[i] - (dropped[i] if dropped else 0)))
+        rows.append(row)
+    total = {k: sum(r[k] for r in rows) for k in rows[0] if k != "cluster"}
+    drift = csum.get("drift")
+    return {"clusters": rows, "total": total, "dropped": bool(dropped and any(dropped)), "drift": drift}
+
+
+def duplicates_table(d: dict) -> str:
+    """The duplicates per cluster as a Markdown table."""
+    tokens = "tokens_before" in d["clusters"][0]
+    head = "| cluster | documents | exact duplicates | near duplicates | distinct |" + (
+        " tokens before | tokens after |" if tokens else "")
+    sep = "| --- | --- | --- | --- | --- |" + (" --- | --- |" if tokens else "")
+    lines = [head, sep]
+    for r in d["clusters"] + [dict(d["total"], cluster="**all**")]:
+        lines.append(f"| {r['cluster']} | {r['docs']:,} | {r['exact']:,} | {r['near']:,} | {r['docs_distinct']:,} |"
+                     + (f" {r['tokens_before']:,} | {r['tokens_after']:,} |" if tokens else ""))
+    return "\n".join(lines)

@@ -56,17 +56,32 @@ def tokenize_shard(task: TokenizeTask) -> dict:
     from proxies.tokenizer import load_tokenizer
     from proxies.tokens import write_shard_tokens
     tok = load_tokenizer(task.tokenizer)
-    clusters = read_assignments(Path(task.assignments))["cluster"].to_numpy()
-    texts, cl = [], []
+    table = read_assignments(Path(task.assignments))
+    clusters = table["cluster"].to_numpy()
+    dup = table["duplicate"].to_numpy() if "duplicate" in table.column_names else np.zeros(len(clusters), np.int8)
+    dup_cluster = (table["duplicate_cluster"].to_numpy() if "duplicate_cluster" in table.column_names
+                   else np.full(len(clusters), -1))
+    texts, cl, kept_dup = [], [], []
+    dropped: dict[int, list[str]] = {}
     for start, b in read_aligned(task.path, task.corpus, len(clusters)):
         for row, text in enumerate(b.texts, start):
             if clusters[row] >= 0:  # pruned documents never reach a proxy
                 texts.append(text)
                 cl.append(int(clusters[row]))
+                kept_dup.append(bool(dup[row]))
+            elif dup[row] and dup_cluster[row] >= 0:  # dropped as a duplicate: counted, not stored
+                dropped.setdefault(int(dup_cluster[row]), []).append(text)
     stats = write_shard_tokens(texts, np.asarray(cl, dtype=np.int64), tok, task.store, task.shard)
-    if task.source and stats.get("source") != task.source:
+    if stats.get("source") != task.source or "duplicate_tokens" not in stats:
         from climb.io.files import write_json
-        stats = {**stats, "source": task.source}
+        doc_tokens = np.load(Path(task.store) / "parts" / task.shard / "doc_tokens.npy")
+        in_store = {}
+        for c, n, d in zip(cl, doc_tokens, kept_dup):
+            if d:
+                in_store[c] = in_store.get(c, 0) + int(n)
+        stats = {**stats, "source": task.source, "duplicate_tokens": in_store,
+                 "dropped_duplicate_tokens": {c: int(sum(len(ids) + 1 for ids in tok.encode_batch(ts)))
+                                              for c, ts in dropped.items()}}
         write_json(Path(task.store) / "parts" / task.shard / "done.json", stats)
     return stats
 
@@ -163,10 +178,30 @@ def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         log.info("tokenize: merged; dropped the shard parts' token files (%.1f MB)", freed / 1e6)
     store = TokenStore(out.store)
     vocab = tok.vocab_size
+    dups = _duplicate_tokens(out.store, names, len(store.tokens))
     log.info("tokenize: %d tokens in %d clusters from %d shards (vocabulary %d)", int(store.tokens.sum()),
              len(store.tokens), len(names), vocab)
     return {"tokens": int(store.tokens.sum()), "clusters": len(store.tokens), "shards": names, "vocab_size": vocab,
-            "tokenized_now": sorted(todo)}
+            "tokenized_now": sorted(todo), **dups}
+
+
+def _duplicate_tokens(store: Path, names: list[str], k: int) -> dict:
+    """Per cluster, the tokens of duplicates (climb.stages.dedup) in the store and of those dropped
+    from it, from the parts' records; {} where no part has them."""
+    import json
+    inside, dropped = np.zeros(k, np.int64), np.zeros(k, np.int64)
+    seen = False
+    for s in names:
+        done = store / "parts" / s / "done.json"
+        rec = json.loads(done.read_text()) if done.exists() else {}
+        if "duplicate_tokens" not in rec:
+            continue
+        seen = True
+        for c, n in rec["duplicate_tokens"].items():
+            inside[int(c)] += n
+        for c, n in rec.get("dropped_duplicate_tokens", {}).items():
+            dropped[int(c)] += n
+    return {"duplicate_tokens": inside.tolist(), "dropped_duplicate_tokens": dropped.tolist()} if seen else {}
 
 
 def _parts_to_tokenize(store: Path, names: list[str], sources: dict[str, str]) -> set[str]:
