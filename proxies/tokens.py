@@ -222,16 +222,23 @@ def merged_slices(out_dir: str | Path) -> dict[str, dict[int, tuple[int, int]]]:
     return out
 
 
+def _signature(stats: dict) -> list:
+    """What identifies a part's content for the merged store: its tokens per cluster, documents and
+    the source its writer recorded (a caller's digest of its input; none: the counts alone)."""
+    return [sorted([int(c), int(n)] for c, n in stats["tokens_per_cluster"].items() if n), int(stats["docs"]),
+            stats.get("source")]
+
+
 def part_in_store(out_dir: str | Path, shard_name: str) -> bool:
     """Whether a shard's part, its token files dropped, still has its tokens in the merged store
     (the store's record of the shard equals the part's done.json)."""
-    done = Path(out_dir) / "parts" / shard_name / "done.json"
-    if not done.exists():
+    out_dir = Path(out_dir)
+    done = out_dir / "parts" / shard_name / "done.json"
+    if not done.exists() or merged_slices(out_dir).get(shard_name) is None:
         return False
-    stats = _load_shard_stats(done)
-    got = merged_slices(out_dir).get(shard_name)
-    return got is not None and {c: n for c, (_, n) in got.items()} == {
-        c: n for c, n in stats["tokens_per_cluster"].items() if n}
+    with open(out_dir / "index.json") as f:
+        recorded = (json.load(f).get("shard_signatures") or {}).get(shard_name)
+    return recorded == _signature(_load_shard_stats(done))
 
 
 def merge_token_stores(out_dir: str | Path, shard_names: Sequence[str], n_clusters: int) -> dict:
@@ -248,8 +255,13 @@ def merge_token_stores(out_dir: str | Path, shard_names: Sequence[str], n_cluste
     if index_path.exists():
         with open(index_path) as f:
             index = json.load(f)
+        now = {}
+        for name in shard_names:
+            done = out_dir / "parts" / name / "done.json"
+            now[name] = _signature(_load_shard_stats(done)) if done.exists() else None
+        recorded = index.get("shard_signatures")
         if (index.get("shards") == shard_names and index.get("n_clusters") == n_clusters
-                and _bad_merged(out_dir, index) is None):
+                and _bad_merged(out_dir, index) is None and (recorded is None or recorded == now)):
             logger.info("token store %s already merged; skipping", out_dir)
             return index
         previous = {s: sl for s, sl in merged_slices(out_dir).items() if part_in_store(out_dir, s)}
@@ -316,6 +328,7 @@ def merge_token_stores(out_dir: str | Path, shard_names: Sequence[str], n_cluste
         # each shard's tokens per cluster, in merge order: where they lie when merged again
         "shard_tokens": {name: {str(c): int(v) for c, v in st["tokens_per_cluster"].items() if v}
                          for name, st in zip(shard_names, shard_stats)},
+        "shard_signatures": {name: _signature(st) for name, st in zip(shard_names, shard_stats)},
     }
     _write_json_atomic(index_path, index)
     index_path.with_name("index.previous.json").unlink(missing_ok=True)

@@ -20,6 +20,10 @@ def check_config(cfg: RunConfig) -> None:
         raise ConfigError(f"target.goal must be 'minimize' or 'maximize', got {cfg.target.goal!r}")
     if cfg.cluster.k < 2:
         raise ConfigError("cluster.k must be at least 2")
+    if cfg.target.contamination < 0 or (cfg.target.decontaminate and cfg.target.contamination < 1):
+        raise ConfigError(f"target.contamination is an n-gram length (13, as GPT-3's check; 0: no check), got "
+                          f"{cfg.target.contamination}" + ("; target.decontaminate needs one" if
+                                                           cfg.target.decontaminate else ""))
     if not 0 <= cfg.dedup.threshold <= 1:
         raise ConfigError(f"dedup.threshold is a cosine in [0, 1] (0: no near duplicates), got {cfg.dedup.threshold}")
     if cfg.dedup.neighbors < 1:

@@ -222,6 +222,14 @@ class TargetConfig:
     lm_eval_include: tuple[str, ...] = ()
     # Items (documents) per task used per proxy evaluation (0 = all); JSONL and harness tasks.
     task_limit: int = 0
+    # The target looked for in the corpus: a document sharing an n-gram of this many of the
+    # proxies' tokens with the held-out texts or a task item's query and gold continuation
+    # is contaminated (climb/stages/contamination.py); the search reports them and warns when
+    # its mixture leans on them. 0 = no check.
+    contamination: int = 13
+    # Take the contaminated documents out of the token store (so out of the search and the
+    # export) before the search.
+    decontaminate: bool = False
     # The scalar optimised: the mean of these metric names (e.g. "bpb",
     # "piqa/acc_norm", "arc_easy/gold_loss_per_byte").
     objective: tuple[str, ...] = ("bpb",)
@@ -533,7 +541,7 @@ ADDED_FIELDS = {
     "RunConfig": ("dedup",),
     "ClusterConfig": ("refit",),
     "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens"),
-    "TargetConfig": ("lm_eval", "lm_eval_include"),
+    "TargetConfig": ("lm_eval", "lm_eval_include", "contamination", "decontaminate"),
     "ExportConfig": ("format", "eod"),
 }
 

@@ -182,6 +182,10 @@ class SearchOutputs:
         return self.dir / "comparison.json"
 
     @property
+    def contamination(self) -> Path:  # the target's n-grams found in the token store (search.contamination)
+        return self.dir / "contamination.json"
+
+    @property
     def quality(self) -> Path:
         return self.dir / "quality.json"
 

@@ -62,6 +62,21 @@ def _task_items(name: str, path: str) -> list[dict]:
         return parse_tasks(io.TextIOWrapper(fh, encoding="utf-8"), path)
 
 
+def target_files(target_cfg: TargetConfig, run_dir, cache=None) -> list:
+    """The target's texts and task files by what they hold (climb.io.digests), for stage keys;
+    names that match no file are left to the proxies to report (an external trainer may not
+    read them at all)."""
+    from climb.io.digests import content_fingerprint
+    files = []
+    for pattern in target_cfg.texts:
+        try:
+            files += list(resolve_corpus_files([pattern], Path(run_dir)))
+        except InputError:
+            continue
+    files += [p.replace("{run}", str(run_dir)) for _, p in sorted(target_cfg.tasks.items())]
+    return content_fingerprint([f for f in files if is_url(f) or Path(f).exists()], cache)
+
+
 def objective(metrics: dict, target_cfg: TargetConfig) -> float:
     missing = [m for m in target_cfg.objective if m not in metrics]
     if missing:

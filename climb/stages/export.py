@@ -151,8 +151,13 @@ def select(doc_cluster: np.ndarray, doc_tokens: np.ndarray, weights: np.ndarray,
 
 
 def _shard_docs(paths: RunPaths, store, shard: str, units: str) -> tuple[np.ndarray, np.ndarray]:
-    """Cluster and size (in export.tokenizer's unit) of each kept document of a shard, in corpus order."""
-    clusters = load_assignments(paths, shard)["cluster"].to_numpy()
+    """Cluster and size (in export.tokenizer's unit) of each kept document of a shard, in corpus order;
+    a document the token store left out (target.decontaminate) is not kept."""
+    clusters = load_assignments(paths, shard)["cluster"].to_numpy().copy()
+    done = paths.tokenize.store / "parts" / shard / "done.json"
+    if done.exists():
+        gone = read_json(done).get("decontaminated", [])
+        clusters[np.asarray(gone, dtype=np.int64)] = -1
     kept = clusters >= 0
     tokens = np.zeros(len(clusters), dtype=np.int64)
     if units != export_units.PROXY:

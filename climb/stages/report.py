@@ -368,6 +368,29 @@ def _duplicates_section(paths: RunPaths) -> str:
     return text
 
 
+def _contamination_section(paths: RunPaths, quality: dict) -> str:
+    """The report's contamination check (climb.stages.contamination), where the search ran one."""
+    if not paths.search.contamination.exists():
+        return ""
+    scan = read_json(paths.search.contamination)
+    lean = quality.get("contamination") or {}
+    head = (f"\n## Contamination\n\n{scan['docs']:,} documents ({scan['tokens']:,} tokens) share a "
+            f"{scan['ngram']}-gram with the target's text")
+    if lean:
+        head += (f"; the found mixture draws {100 * lean['found']:.2f}% of its tokens from them, the natural "
+                 f"mixture {100 * lean['natural']:.2f}%")
+    rows = [c for c in scan["clusters"] if c["docs"]]
+    if not rows:
+        return head + ".\n"
+    table = ["| cluster | documents | tokens | of the cluster's tokens | example |", "| --- | --- | --- | --- | --- |"]
+    for c in rows:
+        ex = c["examples"][0] if c["examples"] else {"id": "", "text": ""}
+        table.append(f"| {c['cluster']} | {c['docs']:,} | {c['tokens']:,} | "
+                     f"{100 * c['tokens'] / max(1, c['cluster_tokens']):.2f}% | `{ex['id']}`: "
+                     f"{ex['text'][:80].replace('|', '/')} |")
+    return head + ".\n\n" + "\n".join(table) + "\n"
+
+
 def validation_summary(cfg: RunConfig, paths: RunPaths) -> tuple[dict | None, str]:
     """The validate stage's summary and manifest hash, if it finished for the current search and config."""
     from climb.stages import validate
@@ -458,7 +481,7 @@ Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy see
 
 ![sizes](cluster_sizes.png)
 ![map](cluster_map.png)
-{_duplicates_section(paths)}"""
+{_duplicates_section(paths)}{_contamination_section(paths, quality)}"""
     paths.report.page.write_text(page)
     paths.report.html.write_text(page_html(page, out, f"climb report: {cfg.name}"), encoding="utf-8")
     print("\n" + summary_table(summary) + "\n\n" + quality_lines(quality)

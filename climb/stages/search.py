@@ -31,17 +31,17 @@ again (`search.retry_failed`). The swarm is also written as CSV (`swarm_weights.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
 
 from climb.config import RunConfig, digest, without
-from climb.io.files import is_url, read_json, write_json
+from climb.io.files import read_json, write_json
 from climb.optimize.predictor import goal_sign
 from climb.optimize.quality import MIN_OOF_SPEARMAN, MIN_SNR, oof_spearman, pooled_noise, snr, warnings
 from climb.runtime import results as results_log
 from climb.runtime.device import proxy_processes
 from climb.runtime.stage import RunPaths, execute, older_key, upstream_key
+from climb.runtime.targets import target_files
 from climb.stages.search_cheap import (experts_feature, experts_skill, halving, merged_feature, record_merge_scoring,
                                        shared_base)
 from climb.stages.search_common import (append, candidate_pool, final_mixture, fixed_candidates, mixture_space,
@@ -87,22 +87,7 @@ def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False) -> str:
     # A time limit, the retry rule or the curves recorded change how proxies run, not what they measure.
     parts = [upstream_key(paths, "tokenize"), without(cfg.proxy, "timeout_s", "curve_points", "curve_evals"),
              cfg.target, without(cfg.search, "retry_failed"), cfg.export.token_budget]
-    return digest(*parts) if legacy else digest(*parts, target_files(cfg, paths))
-
-
-def target_files(cfg: RunConfig, paths: RunPaths) -> list:
-    """The target's texts and task files by what they hold (climb.io.digests); names that match no
-    file are left to the proxies to report (an external trainer may not read them at all)."""
-    from climb.io.digests import content_fingerprint
-    from climb.io.files import InputError, resolve_corpus_files
-    files = []
-    for pattern in cfg.target.texts:
-        try:
-            files += list(resolve_corpus_files([pattern], paths.root))
-        except InputError:
-            continue
-    files += [p.replace("{run}", str(paths.root)) for _, p in sorted(cfg.target.tasks.items())]
-    return content_fingerprint([f for f in files if is_url(f) or Path(f).exists()], paths.digests)
+    return digest(*parts) if legacy else digest(*parts, target_files(cfg.target, paths.root, paths.digests))
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
@@ -121,6 +106,10 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     feature_name = "merged models' objective" if search_cfg.merge else "experts' ensemble loss"
     results_log.repair(paths.search.results)
     space = mixture_space(cfg, cluster_tokens(paths))
+    from climb.stages.contamination import check as contamination_check
+    from climb.stages.contamination import leaning
+    from climb.stages.contamination import warning as contamination_warning
+    scan = contamination_check(cfg, paths)
     results = read_results(paths)
     done = {r["mixture_id"] for r in results if not results_log.retry(r, search_cfg.retry_failed)}
     base = shared_base(cfg, paths, ex, space)
@@ -181,6 +170,11 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         quality["merge_spearman" if search_cfg.merge else "experts_spearman"] = skill
     quality["comparison"] = verdicts
     quality["warnings"] = warnings(quality)
+    if scan is not None:
+        quality["contamination"] = {"docs": scan["docs"], "tokens": scan["tokens"],
+                                    **leaning(scan, final["weights"], space["natural"])}
+        lean = contamination_warning(scan, final["weights"], space["natural"])
+        quality["warnings"] += [lean] if lean else []
     write_json(paths.search.quality, quality)
     for w in quality["warnings"]:
         log.warning("%s", w)

@@ -49,6 +49,10 @@ class TokenizeTask:
     assignments: str
     store: str
     source: str = ""  # the assignments' digest, kept in the part's done.json
+    # target.decontaminate: the target's n-gram hashes (climb.stages.contamination) and their
+    # length; a document holding one is left out of the store.
+    ngrams: str = ""
+    n: int = 0
 
 
 def tokenize_shard(task: TokenizeTask) -> dict:
@@ -61,7 +65,7 @@ def tokenize_shard(task: TokenizeTask) -> dict:
     dup = table["duplicate"].to_numpy() if "duplicate" in table.column_names else np.zeros(len(clusters), np.int8)
     dup_cluster = (table["duplicate_cluster"].to_numpy() if "duplicate_cluster" in table.column_names
                    else np.full(len(clusters), -1))
-    texts, cl, kept_dup = [], [], []
+    texts, cl, kept_dup, rows = [], [], [], []
     dropped: dict[int, list[str]] = {}
     for start, b in read_aligned(task.path, task.corpus, len(clusters)):
         for row, text in enumerate(b.texts, start):
@@ -69,17 +73,36 @@ def tokenize_shard(task: TokenizeTask) -> dict:
                 texts.append(text)
                 cl.append(int(clusters[row]))
                 kept_dup.append(bool(dup[row]))
+                rows.append(row)
             elif dup[row] and dup_cluster[row] >= 0:  # dropped as a duplicate: counted, not stored
                 dropped.setdefault(int(dup_cluster[row]), []).append(text)
+    left_out: list[int] = []
+    done_file = Path(task.store) / "parts" / task.shard / "done.json"
+    if task.ngrams and not done_file.exists():
+        from climb.stages.contamination import doc_is_contaminated
+        bad = doc_is_contaminated(tok.encode_batch(texts), np.load(task.ngrams), task.n)
+        left_out = [r for r, b in zip(rows, bad) if b]
+        texts = [t for t, b in zip(texts, bad) if not b]
+        cl = [c for c, b in zip(cl, bad) if not b]
+        kept_dup = [d for d, b in zip(kept_dup, bad) if not b]
+    elif task.ngrams:
+        import json
+        left_out = json.loads(done_file.read_text()).get("decontaminated", [])
+        gone = set(left_out)
+        keep = [r not in gone for r in rows]
+        texts = [t for t, k in zip(texts, keep) if k]
+        cl = [c for c, k in zip(cl, keep) if k]
+        kept_dup = [d for d, k in zip(kept_dup, keep) if k]
     stats = write_shard_tokens(texts, np.asarray(cl, dtype=np.int64), tok, task.store, task.shard)
-    if stats.get("source") != task.source or "duplicate_tokens" not in stats:
+    if (stats.get("source") != task.source or "duplicate_tokens" not in stats
+            or stats.get("decontaminated", []) != left_out):
         from climb.io.files import write_json
         doc_tokens = np.load(Path(task.store) / "parts" / task.shard / "doc_tokens.npy")
         in_store = {}
         for c, n, d in zip(cl, doc_tokens, kept_dup):
             if d:
                 in_store[c] = in_store.get(c, 0) + int(n)
-        stats = {**stats, "source": task.source, "duplicate_tokens": in_store,
+        stats = {**stats, "source": task.source, "duplicate_tokens": in_store, "decontaminated": left_out,
                  "dropped_duplicate_tokens": {c: int(sum(len(ids) + 1 for ids in tok.encode_batch(ts)))
                                               for c, ts in dropped.items()}}
         write_json(Path(task.store) / "parts" / task.shard / "done.json", stats)
@@ -109,7 +132,11 @@ def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False) -> str:
         from climb.io.digests import content_fingerprint
         given = fingerprint([proxy_cfg.tokenizer]) if legacy else content_fingerprint([proxy_cfg.tokenizer],
                                                                                       paths.digests)
-    return digest(upstream_key(paths, "cluster"), *_settings(cfg, given))
+    decon = []
+    if cfg.target.decontaminate:  # the store leaves the target's documents out: it keys on the target
+        from climb.runtime.targets import target_files
+        decon = [cfg.target.contamination, target_files(cfg.target, paths.root, paths.digests)]
+    return digest(upstream_key(paths, "cluster"), *_settings(cfg, given), *decon)
 
 
 def _settings(cfg: RunConfig, given) -> list:
@@ -161,6 +188,10 @@ def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         tok = train_bpe(tokenizer_texts(cfg, paths.corpus_files(cfg)), cfg.proxy.vocab_size, out.tokenizer)
     names = paths.shards()
     sources = {s: output_digest(paths, "cluster", f"assign/{s}.parquet") or "" for s in names}
+    ngrams = _target_ngrams(cfg, paths, tok) if cfg.target.decontaminate else ""
+    if ngrams:  # a part left out other documents for another target
+        from climb.io.digests import file_digest
+        sources = {s: f"{src}:{file_digest(ngrams)}" for s, src in sources.items()}
     todo = _parts_to_tokenize(out.store, names, sources)
     index = out.store / "index.json"
     merged = store_is_complete(out.store) and index.exists() and read_json(index).get("shards") == names
@@ -168,7 +199,8 @@ def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         files = paths.shard_files(cfg)
         tasks = [TokenizeTask(shard=s, path=str(files[s]), corpus=cfg.corpus, tokenizer=str(out.tokenizer),
                               assignments=str(paths.cluster.assignments(s)), store=str(out.store),
-                              source=sources[s]) for s in names if s in todo]
+                              source=sources[s], ngrams=ngrams, n=cfg.target.contamination)
+                 for s in names if s in todo]
         if tasks:
             ex.map(tokenize_shard, tasks, desc="tokenize")
         merge_token_stores(out.store, names, paths.n_clusters())
@@ -181,8 +213,30 @@ def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     dups = _duplicate_tokens(out.store, names, len(store.tokens))
     log.info("tokenize: %d tokens in %d clusters from %d shards (vocabulary %d)", int(store.tokens.sum()),
              len(store.tokens), len(names), vocab)
+    left_out = _decontaminated(out.store, names) if ngrams else None
     return {"tokens": int(store.tokens.sum()), "clusters": len(store.tokens), "shards": names, "vocab_size": vocab,
-            "tokenized_now": sorted(todo), **dups}
+            "tokenized_now": sorted(todo), **dups, **({"decontaminated": left_out} if left_out is not None else {})}
+
+
+def _decontaminated(store: Path, names: list[str]) -> int:
+    """Documents the parts left out as holding the target's n-grams."""
+    import json
+    total = 0
+    for s in names:
+        done = store / "parts" / s / "done.json"
+        total += len(json.loads(done.read_text()).get("decontaminated", [])) if done.exists() else 0
+    return total
+
+
+def _target_ngrams(cfg: RunConfig, paths: RunPaths, tok) -> str:
+    """target.decontaminate: the target's n-gram hashes in the proxies' tokens, saved for the tasks."""
+    from climb.io.files import write_npy
+    from climb.runtime.targets import load_target
+    from climb.stages.contamination import target_ngrams
+    target = load_target(cfg.target, paths.root)
+    out = paths.tokenize.dir / "target_ngrams.npy"
+    write_npy(out, target_ngrams(target["texts"], target["tasks"], tok, cfg.target.contamination))
+    return str(out)
 
 
 def _duplicate_tokens(store: Path, names: list[str], k: int) -> dict:
