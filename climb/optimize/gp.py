@@ -34,9 +34,13 @@ class GPPredictor:
 
     - the lengthscale prior: scikit-learn maximises the evidence alone and has no prior
       on a kernel's hyperparameters. Without the prior (ls_prior = 0) this GP ranks the
-      test runs exactly as scikit-learn's does; with it, Spearman 0.913 against 0.870 at
-      16 runs and 0.960 against 0.931 at 32, the swarm sizes of a search's first rounds
-      (level from 64 runs on);
+      test runs exactly as scikit-learn's does (the same Spearman to four digits at every
+      size); with it, 0.913 against 0.870 at 16 runs and 0.960 against 0.931 at 32 (means
+      over five draws, +0.043 [-0.052, +0.138] and +0.029 [-0.001, +0.059]: not resolved
+      by themselves), level from 64 runs on. The predictor's selection measured the
+      prior's worth with more draws: 0.9498 against 0.9422 on subsets of 16-112 runs, and
+      0.72 against 0.49 on a swarm whose best domain is an argmax (BENCHMARKS.md,
+      "Selection: cross-validation on the 512 training runs only");
     - speed: 0.04 s against 0.8 s a fit at 16 runs, 0.4 s against 13.6 s at 256; a search
       refits at every iteration, in every out-of-fold split, in the default's inner CV.
 
