@@ -72,3 +72,20 @@ def test_planted_target_items_are_found_reported_and_removed(tmp_path, monkeypat
                 for r in pq.read_table(f, columns=["id"]).to_pylist()}
     assert exported and not exported & planted
     assert not any("contamination" in w for w in json.loads(paths.search.quality.read_text())["warnings"])
+
+
+def test_a_run_with_drop_and_decontaminate_exports_neither(tmp_path, monkeypatch):
+    """dedup.drop and target.decontaminate together: the export holds no duplicate and no
+    document holding the target."""
+    docs, planted = _corpus_with_target(tmp_path)
+    copies = [dict(d, id=f"copy-{d['id']}", text=d["text"].upper() + " !") for d in docs[:8]]
+    docs += copies
+    cfg, paths, _, _ = prepare(tmp_path, monkeypatch, f'target.texts=["{tmp_path}/target.jsonl"]',
+                               "dedup.drop=true", "target.decontaminate=true", docs=docs)
+    pipeline.run_stage("export", cfg, paths.root)
+    exported = {r["id"] for f in (paths.root / "export" / "data").rglob("*.parquet")
+                for r in pq.read_table(f, columns=["id"]).to_pylist()}
+    dups = {r["id"] for s in paths.shards() for r in pq.read_table(paths.cluster.assignments(s)).to_pylist()
+            if r["duplicate"]}
+    assert len(dups) >= 8 and paths.stats("tokenize")["decontaminated"] >= 4
+    assert exported and not exported & dups and not exported & planted
