@@ -372,6 +372,11 @@ def write_text(path: str | Path, text: str, staging: str | None = None) -> None:
         Path(tmp).write_text(text)
 
 
+def join(base: str, rel: str) -> str:
+    """A path or URL under `base`."""
+    return base.rstrip("/") + "/" + rel if is_url(base) else str(Path(base) / rel)
+
+
 def file_stamp(path: str | Path) -> list[int]:
     """[size, mtime_ns] of a local file: how climb tells whether a file changed."""
     st = os.stat(path)

@@ -59,8 +59,8 @@ import numpy as np
 import pyarrow as pa
 
 from climb.config import CorpusConfig, RunConfig, digest
-from climb.io.files import (InputError, file_stamp, is_url, local_path, read_aligned, read_json, strict_json,
-                            write_json, write_npy, write_parquet, write_text)
+from climb.io.files import (InputError, file_stamp, is_url, join, local_path, read_aligned, read_json,
+                            strict_json, write_json, write_npy, write_parquet, write_text)
 from climb.io.mixture import check_weights
 from climb.runtime.stage import RunPaths, execute, upstream_key
 from climb.stages import export_megatron, export_units
@@ -339,11 +339,6 @@ def truncate(text: str, keep: int, tok) -> str:
         if len(ids) > n or chars >= len(text):
             return tok.decode(ids[:n])
         chars *= 2
-
-
-def join(base: str, rel: str) -> str:
-    """A path or URL under `base`."""
-    return base.rstrip("/") + "/" + rel if is_url(base) else str(Path(base) / rel)
 
 
 def destination(cfg: RunConfig, paths: RunPaths) -> str | None:

@@ -133,7 +133,7 @@ def merge_clusters(parts_dir: Path, out_dir: Path, shards: list[str], done: list
 
 def _publish(local: Path, rel: str, dest: str) -> str:
     """The merged dataset at the destination (each file staged and moved whole); its prefix there."""
-    from climb.stages.export import join
+    from climb.io.files import join
     for ext in (".bin", ".idx"):  # the .idx last: a reader that finds it finds the .bin whole
         src, target = Path(str(local) + ext), join(dest, rel + ext)
         if is_url(dest):
