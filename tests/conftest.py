@@ -152,3 +152,28 @@ def make_docs():
 @pytest.fixture
 def write_shards():
     return write_parquet_shards
+
+
+class IdTokenizer:
+    """A tokenizer of space-separated integers (each its own id), EOS 0, 256 ids."""
+    vocab_size, eos_id = 256, 0
+
+    def encode_batch(self, texts):
+        return [[int(w) for w in t.split()] for t in texts]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A token store of three clusters over different token ranges (ids 1-99, 61-159, 121-219),
+    so different mixtures learn different things."""
+    from proxies.tokens import TokenStore, merge_token_stores, write_shard_tokens
+    d = tmp_path_factory.mktemp("toy_store")
+    rng = np.random.default_rng(0)
+    texts, ids = [], []
+    for c in range(3):
+        for _ in range(20):
+            texts.append(" ".join(map(str, rng.integers(1 + 60 * c, 100 + 60 * c, 80))))
+            ids.append(c)
+    write_shard_tokens(texts, np.array(ids), IdTokenizer(), d, "s")
+    merge_token_stores(d, ["s"], 3)
+    return TokenStore(d)

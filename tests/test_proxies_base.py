@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from proxies.model import GPT, GPTConfig
+from proxies.model import GPTConfig
 from proxies.sampler import MixtureSampler, SwitchSampler
 from proxies.stacked import train_stacked
-from proxies.tokens import TokenStore, merge_token_stores, write_shard_tokens
 from proxies.train import TrainConfig, train
 
 CFG = GPTConfig(vocab_size=256, n_layer=2, n_head=2, n_embd=32, seq_len=16, tie_embeddings=False)
@@ -20,27 +19,6 @@ NATURAL = [0.5, 0.3, 0.2]
 MIXTURES = [[0.8, 0.1, 0.1], [0.1, 0.1, 0.8], [1 / 3, 1 / 3, 1 / 3]]
 F = 12  # the base's steps
 TCFG = TrainConfig(steps=30, batch_size=8, lr=1e-2, warmup_steps=3, grad_clip=0.5, log_every=0, precision="fp32")
-
-
-class _IdTok:
-    vocab_size, eos_id = 256, 0
-
-    def encode_batch(self, texts):
-        return [[int(w) for w in t.split()] for t in texts]
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    d = tmp_path_factory.mktemp("base")
-    rng = np.random.default_rng(0)
-    texts, ids = [], []
-    for c in range(3):
-        for _ in range(20):
-            texts.append(" ".join(map(str, rng.integers(1 + 60 * c, 100 + 60 * c, 80))))
-            ids.append(c)
-    write_shard_tokens(texts, np.array(ids), _IdTok(), d, "s")
-    merge_token_stores(d, ["s"], 3)
-    return TokenStore(d)
 
 
 def _sampler(store, w, seed, batch=4):

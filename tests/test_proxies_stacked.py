@@ -9,32 +9,9 @@ import torch
 from proxies.model import GPT, GPTConfig
 from proxies.sampler import MixtureSampler
 from proxies.stacked import StackedGPT, _clip_per_proxy, train_stacked
-from proxies.tokens import TokenStore, merge_token_stores, write_shard_tokens
 from proxies.train import TrainConfig, train
 
 CFG = GPTConfig(vocab_size=256, n_layer=2, n_head=2, n_embd=32, seq_len=16)
-
-
-class _IdTok:
-    vocab_size, eos_id = 256, 0
-
-    def encode_batch(self, texts):
-        return [[int(w) for w in t.split()] for t in texts]
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    # Three clusters over different token ranges, so different mixtures learn different things.
-    d = tmp_path_factory.mktemp("stacked")
-    rng = np.random.default_rng(0)
-    texts, ids = [], []
-    for c in range(3):
-        for _ in range(20):
-            texts.append(" ".join(map(str, rng.integers(1 + 60 * c, 100 + 60 * c, 80))))
-            ids.append(c)
-    write_shard_tokens(texts, np.array(ids), _IdTok(), d, "s")
-    merge_token_stores(d, ["s"], 3)
-    return TokenStore(d)
 
 
 MIXTURES = [[0.8, 0.1, 0.1], [0.1, 0.1, 0.8], [1 / 3, 1 / 3, 1 / 3]]

@@ -174,23 +174,22 @@ def warnings(q: dict) -> list[str]:
         out.append(f"weak predictor: out-of-fold Spearman {oof[-1]:.2f} at the last iteration (want >= "
                    f"{MIN_OOF_SPEARMAN:g}); the search is close to random search; raise the signal as above "
                    "or train more proxies per iteration (search.iterations)")
-    skill = [v for v in q.get("experts_spearman") or [] if v is not None]
-    if skill and skill[-1] < MIN_OOF_SPEARMAN:
-        out.append(f"weak expert feature: the experts' ensemble loss ranks the measured mixtures with Spearman "
-                   f"{skill[-1]:.2f} at the last iteration (want >= {MIN_OOF_SPEARMAN:g}), so the search rests on "
-                   "its few proxies alone; turn experts off and train more proxies (search.experts = 0, "
-                   "search.iterations), or train the experts longer (a larger search.experts)")
+    # A feature the predictor fits a line in: its rank agreement with the results it is to predict.
+    features = (("experts_spearman", "weak expert feature: the experts' ensemble loss",
+                 "turn experts off and train more proxies (search.experts = 0, search.iterations), or train the "
+                 "experts longer (a larger search.experts)"),
+                ("merge_spearman", "weak merged-model feature: the merged models' objective",
+                 "turn merging off and train more proxies (search.merge = false, search.iterations)"))
+    for key, what, fix in features:
+        skill = [v for v in q.get(key) or [] if v is not None]
+        if skill and skill[-1] < MIN_OOF_SPEARMAN:
+            out.append(f"{what} ranks the measured mixtures with Spearman {skill[-1]:.2f} at the last iteration "
+                       f"(want >= {MIN_OOF_SPEARMAN:g}), so the search rests on its few proxies alone; {fix}")
     mixed = q.get("trained_in") or []
     if len(mixed) > 1:
         out.append(f"mixed devices or precisions: this search's proxies trained in {' and '.join(mixed)}, whose "
                    "results are not comparable; set proxy.device and proxy.precision, and train those again "
                    "(a new run folder, or delete search/)")
-    merged = [v for v in q.get("merge_spearman") or [] if v is not None]
-    if merged and merged[-1] < MIN_OOF_SPEARMAN:
-        out.append(f"weak merged-model feature: the merged models' objective ranks the measured mixtures with "
-                   f"Spearman {merged[-1]:.2f} at the last iteration (want >= {MIN_OOF_SPEARMAN:g}), so the search "
-                   "rests on its few proxies alone; turn merging off and train more proxies (search.merge = false, "
-                   "search.iterations)")
     for name, c in (q.get("comparison") or {}).items():
         if c.get("verdict") == "not resolved":
             out.append(f"not resolved against {name}: the 95% interval of the difference spans zero with "
