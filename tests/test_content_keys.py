@@ -13,7 +13,6 @@ import pytest
 
 from climb import pipeline
 from climb.io.digests import DigestCache, content_fingerprint, file_digest
-from climb.runtime.stage import RunPaths
 from climb.stages import embed
 from scripted_run import prepare
 
