@@ -99,7 +99,10 @@ class MixtureSampler:
         self.rng = np.random.default_rng(seed)
         self._active = np.flatnonzero(self.weights > 0)
         self._p = self.weights[self._active]
-        self._arrays = {int(c): store.array(int(c)) for c in self._active}
+        # On a CPU windows are read from the files (pread), so a proxy's memory does not grow with
+        # the store's pages it touched; a GPU's sampler keeps the maps (many windows a step).
+        read = store.array if self.device.type == "cuda" else store.reader
+        self._arrays = {int(c): read(int(c)) for c in self._active}
         # Valid window starts are 0 .. n - seq_len - 1 inclusive.
         self._n_starts = np.array([store.tokens[c] - self.seq_len for c in self._active], dtype=np.int64)
         self._pin = self.device.type == "cuda"

@@ -385,6 +385,15 @@ class TokenStore:
                 self._maps[c] = np.memmap(path, dtype=self.dtype, mode="r", shape=(n,))
         return self._maps[c]
 
+    def reader(self, c: int) -> "ClusterReader":
+        """Cluster c's token ids read window by window with pread: what a proxy reads is not mapped
+        into it, so its memory does not grow with the pages it has touched (an mmap'ed store counts
+        in a process's RSS)."""
+        arr = self.array(c)  # checks the cluster and the file's size
+        if not len(arr):
+            return ClusterReader(None, 0, self.dtype)
+        return ClusterReader(_cluster_file(self.path, c), len(arr), self.dtype)
+
     def doc_tokens(self, shard: str) -> np.ndarray:
         """Token count (EOS included) of each document the shard wrote, in the order given."""
         return np.load(self.path / "parts" / shard / "doc_tokens.npy")
@@ -401,3 +410,36 @@ class TokenStore:
 
     def __repr__(self) -> str:
         return f"TokenStore({str(self.path)!r}, n_clusters={self.n_clusters}, tokens={int(self.tokens.sum())})"
+
+
+class ClusterReader:
+    """A cluster file's tokens as a sliceable sequence (`len`, `[a:b]`), each slice one pread."""
+
+    def __init__(self, path: Path | None, n: int, dtype: np.dtype) -> None:
+        self.path, self.n, self.dtype = path, int(n), np.dtype(dtype)
+        self._fd: int | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("ClusterReader takes contiguous slices only")
+        a, b, _ = key.indices(self.n)
+        if b <= a:
+            return np.empty(0, dtype=self.dtype)
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        size = self.dtype.itemsize
+        data = os.pread(self._fd, (b - a) * size, a * size)
+        return np.frombuffer(data, dtype=self.dtype)
+
+    def __getstate__(self):  # a file descriptor does not travel to another process
+        return {**self.__dict__, "_fd": None}
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass

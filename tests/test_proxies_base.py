@@ -124,3 +124,23 @@ def test_merged_weights_are_the_weighted_average_of_the_continued_models(store):
         merge_weights(states, [0.5, 0.5, 0.5])
     with pytest.raises(ValueError, match="merge weights for 3 models"):
         MergedModels(CFG, states).model([1.0])
+
+
+def test_windows_read_from_the_files_are_the_mapped_ones(store, monkeypatch):
+    """On a CPU the sampler reads windows with pread (ClusterReader), not through a map: the same
+    tokens, and the same batches."""
+    from proxies.tokens import TokenStore
+    rng = np.random.default_rng(1)
+    for c in range(store.n_clusters):
+        mapped, read = store.array(c), store.reader(c)
+        assert len(read) == len(mapped)
+        for a in rng.integers(0, len(mapped) - 20, 10):
+            assert (read[int(a):int(a) + 17] == mapped[int(a):int(a) + 17]).all()
+        assert len(read[len(mapped) - 3:len(mapped) + 5]) == 3 and len(read[5:5]) == 0
+    a = _sampler(store, MIXTURES[0], 4)
+    via_read = [a.sample_windows() for _ in range(5)]
+    monkeypatch.setattr(TokenStore, "reader", TokenStore.array)
+    b = _sampler(store, MIXTURES[0], 4)
+    assert all((x == b.sample_windows()).all() for x in via_read)
+    import pickle
+    pickle.loads(pickle.dumps(store.reader(0)))  # travels to a worker process
