@@ -48,10 +48,19 @@ base `PREFIX_base` unless the preset shares one. `--json` then writes one file p
 
     python benchmarks/cheaper_search.py --preset bench --runs runs/g32bench --arms B M \
         --seeds 20 21 22 23 24 25 26 27 --share-baselines --train --json benchmarks/results/cheap32_bench.json
+
+`--records DIR` (default `benchmarks/results/records`): every finished run's record
+(`variant_pair.record`, with the held-out section's share where the preset has a known
+answer) is kept there as `<run name>.json`, and a run whose folder is gone is judged from its
+record, so a measurement goes on in a later session, on another machine, from the records
+alone: only the seeds not yet recorded are trained. The shared baselines stand for a run only
+when both searched on the same base (the record's base digest); a later session whose base
+came out otherwise trains them again in its first default run.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -124,12 +133,45 @@ def train(run: Path, seed: int, sets: list[str], baselines: bool, preset: dict) 
     _climb([preset["command"], "--run", str(run)] + common + [a for s in sets for a in ("--set", s)], f"{run}.log")
 
 
-def judge(arm: str, runs: list[Path], default: list[Path], h: list[Path] | None, known_answer: bool = True,
-          baselines_run: Path | None = None) -> dict:
-    from demo_answer import analyse
-    from variant_pair import compare
+def load(run: Path, records: Path | None, known_answer: bool) -> dict | None:
+    """The run's record: read from its folder when the search there is finished (and kept in
+    `records`), else the one kept; None when neither is there."""
+    from benchmarks.variant_pair import record
+    kept = records / f"{run.name}.json" if records else None
+    if (run / "search" / "manifest.json").exists():
+        rec = record(run)
+        if known_answer:
+            from benchmarks.demo_answer import analyse
+            rec["held_out_share"] = analyse(run)["tech_share"]
+        if kept is not None:
+            write_result(kept, rec, indent=1)
+        return rec
+    return json.loads(kept.read_text()) if kept is not None and kept.exists() else None
+
+
+def _has_baselines(rec: dict) -> bool:
+    return any(k.startswith("uniform/") for k in (rec.get("comparison") or {}))
+
+
+def _base_here(preset: dict, pending: list[Path]) -> str | None:
+    """The digest of the base this session's pending runs start from (built first if need be)."""
+    from benchmarks.variant_pair import base_digest
+    if not pending or not preset["base"]:
+        return None
+    base = Path(preset["base"])
+    if not (base / "tokenize" / "manifest.json").exists():
+        common = ["--config", preset["config"]] + [a for s in preset["sets"] for a in ("--set", s)]
+        _climb(["tokenize", "--run", str(base)] + common, f"{base}.log")
+    return base_digest(base)
+
+
+def judge(arm: str, runs: list, default: list, h: list | None, known_answer: bool = True,
+          baselines_run=None) -> dict:
+    """Runs are records (`load`) or folders."""
+    from benchmarks.variant_pair import as_record, compare
+    runs = [as_record(r) for r in runs]
     out = compare(runs, default, MARGIN, baselines_from_b=True, baselines_run=baselines_run)
-    tech = [analyse(r)["tech_share"]["climb"] for r in runs] if known_answer else None
+    tech = [r["held_out_share"]["climb"] for r in runs] if known_answer else None
     beats = [all(x["baselines"].get(b, {}).get("verdict") == "better" for b in ("uniform", "natural"))
              for x in out["a"]]
     c = out["comparison"]
@@ -165,7 +207,10 @@ def main(argv=None) -> None:
     ap.add_argument("--order", choices=["arms", "seeds"], default="arms",
                     help="train arm by arm, or seed by seed (every arm of a seed before the next seed)")
     ap.add_argument("--json", default="")
+    ap.add_argument("--records", default="benchmarks/results/records",
+                    help="keep each finished run's record here, and judge a run whose folder is gone from it")
     args = ap.parse_args(argv)
+    records = Path(args.records) if args.records else None
     preset = dict(PRESETS[args.preset])
     if args.runs:
         preset.update(default=f"{args.runs}_default_s{{seed}}", arm=f"{args.runs}_{{arm}}_s{{seed}}")
@@ -173,17 +218,38 @@ def main(argv=None) -> None:
             preset["base"] = f"{args.runs}_base"
     default = [Path((args.default or preset["default"]).format(seed=s)) for s in args.seeds]
     arms = {a: [Path((args.arm or preset["arm"]).format(arm=a, seed=s)) for s in args.seeds] for a in args.arms}
-    shared = default[0] if args.share_baselines else None
+    ka = preset["known_answer"]
+    every = default + [x for runs in arms.values() for x in runs]
     if args.train:
-        jobs = [(default[i], s, preset["default_sets"], shared is None or i == 0) for i, s in enumerate(args.seeds)]
+        recorded = {r for r in every if not r.exists() and load(r, records, ka) is not None}
+        pending = [r for r in every if r not in recorded]
+        # With shared baselines one default run trains them on each base the runs search on: a later
+        # session whose base came out otherwise (another CPU's embedding digits) trains them again.
+        train_baselines = set(default)
+        if args.share_baselines:
+            here = _base_here(preset, pending)
+            holders = [r for r in default if r in recorded and _has_baselines(load(r, records, ka))]
+            has = any(load(r, records, ka).get("base") == here for r in holders) if here else bool(holders)
+            first = next((r for r in default if r in pending), None)
+            train_baselines = set() if has or first is None else {first}
+        jobs = [(default[i], s, preset["default_sets"], default[i] in train_baselines)
+                for i, s in enumerate(args.seeds)]
         jobs += [(runs[i], s, ARMS[a], False) for a, runs in arms.items() for i, s in enumerate(args.seeds)]
+        jobs = [j for j in jobs if j[0] not in recorded]
         if args.order == "seeds":
             jobs.sort(key=lambda j: args.seeds.index(j[1]))  # stable: the default first in each seed
-        if shared is not None:  # the run that trains the baselines goes first
-            jobs.sort(key=lambda j: j[0] != shared)
+        jobs.sort(key=lambda j: not j[3])  # a run that trains the baselines goes first
         for run, s, sets, baselines in jobs:
             train(run, s, sets, baselines=baselines, preset=preset)
-    results = [judge(a, runs, default, arms.get("H") if a != "H" else None, preset["known_answer"], shared)
+            load(run, records, ka)  # kept at once: a stop loses at most the run in flight
+    loaded = {r: load(r, records, ka) for r in every}
+    missing = [str(r) for r, rec in loaded.items() if rec is None]
+    if missing:
+        raise SystemExit(f"neither finished nor recorded in {records}: {', '.join(missing)} (--train trains them)")
+    default = [loaded[r] for r in default]
+    arms = {a: [loaded[r] for r in runs] for a, runs in arms.items()}
+    shared = [d for d in default if _has_baselines(d)] if args.share_baselines else None
+    results = [judge(a, runs, default, arms.get("H") if a != "H" else None, ka, shared)
                for a, runs in arms.items()]
     for r in results:
         c = r["diff_vs_default"]
@@ -199,11 +265,12 @@ def main(argv=None) -> None:
             path = Path(args.json)
             write_result(path.with_name(f"{path.stem}_{r['arm']}{path.suffix}"),
                          {"preset": args.preset, "margin": MARGIN, "tech_min": TECH_MIN, "fraction_max": FRACTION_MAX,
-                          "default_runs": [str(d) for d in default], "baselines_run": str(shared) if shared else None,
+                          "default_runs": [d["run"] for d in default],
+                          "baselines_runs": [d["run"] for d in shared] if shared else None,
                           **r}, indent=1)
     elif args.json:
         write_result(Path(args.json), {"preset": args.preset, "margin": MARGIN, "tech_min": TECH_MIN,
-                                       "fraction_max": FRACTION_MAX, "default_runs": [str(d) for d in default],
+                                       "fraction_max": FRACTION_MAX, "default_runs": [d["run"] for d in default],
                                        "arms": results}, indent=1)
 
 

@@ -24,6 +24,12 @@ target scores:
 
     python benchmarks/variant_pair.py --a runs/ov_s0 runs/ov_s1 --b runs/t_s0 runs/t_s1 \
         --names openvino torch --margin 0.01 --json benchmarks/results/variant_pair.json
+
+A run may also be given as its **record** (`record(run)`, kept as one small JSON file): what
+judging reads of a finished run (the comparison's proxies, the mixtures, the compute, the
+search's quality figures) and a digest of the base it searched on (centroids and tokenizer),
+so a measurement of many seeds outlives its run folders; two runs whose baselines stand for
+each other must have the same base digest.
 """
 from __future__ import annotations
 
@@ -44,6 +50,37 @@ def found_mixture(run: Path) -> dict:
     return {"run": str(run), "search_seed": cfg.search.seed, "goal": cfg.target.goal,
             "comparison_seeds": [cfg.search.eval_seed + s for s in range(cfg.search.eval_seeds)],
             "score": float(score), "search_compute": search_compute(paths)}
+
+
+def base_digest(run: Path) -> str | None:
+    """sha256 (16 hex) of what a search starts from: the centroids and the proxies' tokenizer."""
+    import hashlib
+    paths = run_paths(run)
+    files = [paths.cluster.centroids, paths.cluster.cluster_centroids, paths.tokenize.tokenizer]
+    if not all(f.exists() for f in files):
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def record(run: Path) -> dict:
+    """A finished run as judging reads it, in one JSON-able dict (see the module's docstring)."""
+    from climb.io.files import read_json
+    paths = run_paths(run)
+    rec = found_mixture(run)
+    s = paths.search
+    for key, path in (("comparison", s.comparison), ("mixtures", s.mixture), ("quality", s.quality)):
+        rec[key] = read_json(path) if path.exists() else None
+    rec["stats"] = paths.stats("search")
+    rec["base"] = base_digest(run)
+    return rec
+
+
+def as_record(run) -> dict:
+    """`run` as a record: a dict is one already, a folder is read."""
+    return run if isinstance(run, dict) else record(Path(run))
 
 
 SEARCH_PURPOSES = ("search", "base", "merge", "replicates", "experts")
@@ -72,38 +109,52 @@ def compute_fraction(ca: list, cb: list) -> float | None:
     return sum(c[unit] for c in ca) / total_b if total_b else None
 
 
-def baseline_verdicts(run: Path, source: Path | None = None) -> dict:
+def baseline_verdicts(run, source=None) -> dict:
     """{baseline: paired verdict of run's found mixture against it} over the comparison seeds;
-    the baselines' proxies are read from `source` (default: the run itself)."""
-    from climb.config import load_config
-    from climb.io.files import read_json
+    the baselines' proxies are read from `source` (default: the run itself). Each is a run
+    folder or its record."""
     from climb.optimize.quality import paired_comparison
-    paths, src = run_paths(run), run_paths(source or run)
-    cfg = load_config(paths.config)
-    ours, theirs = read_json(paths.search.comparison), read_json(src.search.comparison)
+    rec = as_record(run)
+    src = rec if source is None else as_record(source)
+    ours, theirs = rec["comparison"], src["comparison"]
+    if ours is None or theirs is None:  # no comparison records kept (a summary-only run)
+        return {}
     if source is not None:
-        mine, other = read_json(paths.search.mixture), read_json(src.search.mixture)
+        if rec.get("base") and src.get("base") and rec["base"] != src["base"]:
+            raise SystemExit(f"{rec['run']} and {src['run']} searched on different bases "
+                             f"({rec['base']}, {src['base']}): their baselines are not shared")
+        mine, other = rec["mixtures"], src["mixtures"]
         for name in ("uniform", "natural"):
             if len(mine[name]) != len(other[name]) or max(abs(x - y) for x, y in zip(mine[name], other[name])) > 1e-9:
-                raise SystemExit(f"{run} and {source} have different {name} mixtures: their baselines are not shared")
-    seeds = [cfg.search.eval_seed + s for s in range(cfg.search.eval_seeds)]
+                raise SystemExit(f"{rec['run']} and {src['run']} have different {name} mixtures: "
+                                 "their baselines are not shared")
+    seeds = rec["comparison_seeds"]
     out = {}
     for name in ("uniform", "natural", "one-shot"):
         if all(f"{name}/{s}" in theirs for s in seeds):
             out[name] = paired_comparison([ours[f"climb/{s}"]["objective"] for s in seeds],
-                                          [theirs[f"{name}/{s}"]["objective"] for s in seeds], cfg.target.goal)
+                                          [theirs[f"{name}/{s}"]["objective"] for s in seeds], rec["goal"])
     return out
 
 
-def compare(a_runs: list[Path], b_runs: list[Path], margin: float, baselines_from_b: bool = False,
-            baselines_run: Path | None = None) -> dict:
+def compare(a_runs: list, b_runs: list, margin: float, baselines_from_b: bool = False,
+            baselines_run=None) -> dict:
     """A against B paired by search seed; each run's found mixture against the baselines (its
     own, its B run's with `baselines_from_b`, or with `baselines_run` every run's, A and B,
-    against that one run's)."""
+    against that one run's, or where it is a list, the one's that searched on the same base).
+    Runs are folders or records (`record`)."""
     from climb.optimize.quality import paired_comparison
     if len(a_runs) != len(b_runs):
         raise SystemExit(f"--a has {len(a_runs)} runs and --b {len(b_runs)}: give one pair per search seed")
-    a, b = [found_mixture(r) for r in a_runs], [found_mixture(r) for r in b_runs]
+    recs = {}  # each run read once
+    a_full, b_full = ([recs.setdefault(id(r), as_record(r)) for r in side] for side in (a_runs, b_runs))
+    if baselines_run is None:
+        shared = []
+    else:
+        holders = baselines_run if isinstance(baselines_run, (list, tuple)) else [baselines_run]
+        shared = [as_record(r) for r in holders]
+    keep = ("run", "search_seed", "goal", "comparison_seeds", "score", "search_compute")
+    a, b = [{k: x[k] for k in keep} for x in a_full], [{k: y[k] for k in keep} for y in b_full]
     for x, y in zip(a, b):
         if x["search_seed"] != y["search_seed"] or x["comparison_seeds"] != y["comparison_seeds"]:
             raise SystemExit(f"{x['run']} and {y['run']} are not a pair (search seeds {x['search_seed']} and "
@@ -113,15 +164,13 @@ def compare(a_runs: list[Path], b_runs: list[Path], margin: float, baselines_fro
     lo, hi = c["ci95"] if c["ci95"] else (None, None)
     no_worse = (hi is not None and hi < margin) if goal == "minimize" else (lo is not None and lo > -margin)
     fraction = compute_fraction([x["search_compute"] for x in a], [y["search_compute"] for y in b])
-    for x, y in zip(a, b):
-        for side, other in ((x, y), (y, None)):
-            source = Path(other["run"]) if baselines_from_b and other else None
-            if baselines_run is not None and Path(side["run"]) != Path(baselines_run):
-                source = Path(baselines_run)
-            try:
-                side["baselines"] = baseline_verdicts(Path(side["run"]), source)
-            except FileNotFoundError:  # no comparison records kept (a summary-only run)
-                side["baselines"] = {}
+    for x, y, xf, yf in zip(a, b, a_full, b_full):
+        for side, full, other in ((x, xf, yf), (y, yf, None)):
+            source = other if baselines_from_b and other else None
+            if shared and side["run"] not in {h["run"] for h in shared}:
+                # the baselines trained on this run's base (the first one's when none was: refused below)
+                source = next((h for h in shared if h.get("base") == full.get("base")), shared[0])
+            side["baselines"] = baseline_verdicts(full, source)
         if baselines_from_b and not any(k in x["baselines"] for k in ("uniform", "natural")):
             raise SystemExit(f"{y['run']} has no uniform or natural proxies to judge {x['run']} against")
     return {"goal": goal, "margin": margin, "a": a, "b": b,

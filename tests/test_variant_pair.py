@@ -120,3 +120,92 @@ def test_cheaper_search_bench_runs_share_one_base_copied_with_its_mtimes(tmp_pat
     assert "search.seed=10" in d and 'search.baselines=["uniform","natural"]' in d and "corpus.max_shards=2" in d
     assert "search.seed=10" in e and "search.experts=0.25" in e and "search.baselines=[]" in e
     assert d[d.index("--config") + 1] == "pipelines/bench.toml"
+
+
+def test_a_run_is_judged_the_same_from_its_record_and_a_record_of_another_base_is_refused(tmp_path):
+    from benchmarks.variant_pair import record
+    a = [_run(tmp_path, f"a{s}", s, [2.0] * 3) for s in range(2)]
+    b = [_run(tmp_path, f"b{s}", s, [2.0 + 0.01 * s] * 3) for s in range(2)]
+    base = {"uniform": [2.5, 2.52, 2.49], "natural": [2.0, 2.02, 2.01]}
+    for r in a + b:
+        _with_comparison(r, [2.0, 2.01, 2.0], base if r in b else None)
+        for f, data in (("cluster/centroids.npy", b"c"), ("cluster/cluster_centroids.npy", b"k"),
+                        ("tokenize/tokenizer.json", b"{}")):
+            (r / f).parent.mkdir(exist_ok=True)
+            (r / f).write_bytes(data)
+    from_folders = compare(a, b, margin=0.01, baselines_run=b[0])
+    recs = [json.loads(json.dumps(record(r))) for r in a + b]  # as kept on disk
+    from_records = compare(recs[:2], recs[2:], margin=0.01, baselines_run=recs[2])
+    assert from_records == from_folders
+    assert from_records["a"][1]["baselines"]["uniform"]["verdict"] == "better"
+    assert recs[0]["base"] == recs[2]["base"] is not None
+    # The baselines were trained on another base (another machine's embedding digits): not this run's.
+    (b[0] / "cluster" / "centroids.npy").write_bytes(b"other")
+    with pytest.raises(SystemExit, match="different bases"):
+        compare(a, b, margin=0.01, baselines_run=b[0])
+    # Given the holders of both bases, each run is judged against its own base's.
+    b1 = compare(a, b, margin=0.01, baselines_run=[b[0], b[1]])
+    assert b1["a"][0]["baselines"]["uniform"]["verdict"] == "better"
+
+
+def test_cheaper_search_goes_on_from_its_records_when_the_run_folders_are_gone(tmp_path, monkeypatch):
+    """A later session (the runs/ folder gone) trains only the seeds not recorded, and trains the
+    shared baselines again only where its base came out otherwise."""
+    import shutil
+    from benchmarks import cheaper_search as cs
+    calls, base_bytes = [], {"v": b"c"}
+
+    def fake_climb(args, log_path):
+        run = tmp_path / args[args.index("--run") + 1]
+        calls.append((args[0], run.name, "search.baselines=[]" not in args))
+        if args[0] == "tokenize":
+            for f, data in (("cluster/centroids.npy", base_bytes["v"]), ("cluster/cluster_centroids.npy", b"k"),
+                            ("tokenize/tokenizer.json", b"{}"), ("tokenize/manifest.json", b"{}")):
+                (run / f).parent.mkdir(parents=True, exist_ok=True)
+                (run / f).write_bytes(data)
+            return
+        seed = int(next(a for a in args if a.startswith("search.seed=")).split("=")[1])
+        (run / "config.toml").write_text(f'[search]\nseed = {seed}\neval_seed = 10007\neval_seeds = 3\n'
+                                         '[target]\ngoal = "minimize"\n')
+        score = 2.0 + 0.001 * seed + (0.0 if "search.base=0.55" in args else 0.002)
+        (run / "search").mkdir(exist_ok=True)
+        (run / "search" / "manifest.json").write_text(json.dumps({"stats": {"comparison": {"climb": score}}}))
+        base = {"uniform": [2.5, 2.52, 2.49], "natural": [2.3, 2.32, 2.31]} if calls[-1][2] else None
+        _with_comparison(run, [score] * 3, base)
+        n = 14 if "search.base=0.55" in args else 32
+        (run / "search" / "results.jsonl").write_text("".join(json.dumps(
+            {"mixture_id": f"it0-{i:03d}", "iteration": 0, "seed": 0, "weights": [0.5, 0.5], "status": "ok",
+             "objective": score, "tokens": 1000, "params": 10, "seconds": 1.0}) + "\n" for i in range(n)))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cs, "_climb", fake_climb)
+    argv = ["--preset", "bench", "--runs", "runs/g", "--arms", "B", "--share-baselines", "--order", "seeds",
+            "--train", "--records", "rec", "--json", "out.json"]
+    cs.main(argv + ["--seeds", "20", "21"])
+    assert [(c[0], c[1]) for c in calls] == [("tokenize", "cbench_base"), ("search", "g_default_s20"),
+                                             ("search", "g_B_s20"), ("search", "g_default_s21"), ("search", "g_B_s21")]
+    assert [c[2] for c in calls[1:]] == [True, False, False, False]  # one run trains the baselines
+    first = json.loads((tmp_path / "out_B.json").read_text())
+    assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == [
+        "g_B_s20.json", "g_B_s21.json", "g_default_s20.json", "g_default_s21.json"]
+    # A new session: no run folders; the same base comes out; one more seed.
+    shutil.rmtree(tmp_path / "runs")
+    calls.clear()
+    cs.main(argv + ["--seeds", "20", "21", "22"])
+    assert [(c[1], c[2]) for c in calls] == [("cbench_base", True), ("g_default_s22", False), ("g_B_s22", False)]
+    again = json.loads((tmp_path / "out_B.json").read_text())
+    assert again["seeds"] == [20, 21, 22] and again["bpb"][:2] == first["bpb"]
+    assert again["criteria"]["b_beats_baselines"] and again["compute_fraction"] == pytest.approx(14 / 32)
+    # Another session whose base differs: its first default run trains the baselines again.
+    shutil.rmtree(tmp_path / "runs")
+    calls.clear()
+    base_bytes["v"] = b"other digits"
+    cs.main(argv + ["--seeds", "20", "21", "22", "23"])
+    assert [(c[1], c[2]) for c in calls] == [("cbench_base", True), ("g_default_s23", True), ("g_B_s23", False)]
+    last = json.loads((tmp_path / "out_B.json").read_text())
+    assert last["seeds"] == [20, 21, 22, 23] and last["baselines_runs"] == ["runs/g_default_s20", "runs/g_default_s23"]
+    # Judging alone, from the records only.
+    shutil.rmtree(tmp_path / "runs")
+    cs.main([a for a in argv if a != "--train"] + ["--seeds", "20", "21", "22", "23"])
+    assert json.loads((tmp_path / "out_B.json").read_text()) == last
+    with pytest.raises(SystemExit, match="neither finished nor recorded"):
+        cs.main([a for a in argv if a != "--train"] + ["--seeds", "20", "24"])
