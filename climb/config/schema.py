@@ -63,7 +63,7 @@ class EmbedConfig:
     batch_size: int = 64
     # "auto" picks cuda > mps > cpu.
     device: str = "auto"
-    # "auto": bf16 on CUDA and on CPUs with native bf16 kernels, fp32 elsewhere;
+    # "auto": bf16 on CUDA and on CPUs with AMX (without it bf16 is slower), fp32 elsewhere;
     # or "fp32", "fp16", "bf16" (on the OpenVINO backend: its inference precision).
     dtype: str = "auto"
     # "torch" (plain sentence-transformers); "openvino"; or "auto": OpenVINO on a CPU
@@ -160,8 +160,8 @@ class ProxyConfig:
     # the same order whatever the mixture, so proxies differ by their mixture only.
     common_streams: bool = True
     device: str = "auto"
-    # bf16 autocast for the proxies' matmuls: "auto" (where the device has native
-    # bf16 kernels; on a CPU only for n_embd >= 96, below which it measured
+    # bf16 autocast for the proxies' matmuls: "auto" (on CUDA and on CPUs with
+    # AMX, proxies.train.native_bf16; on a CPU only for n_embd >= 96, below which it measured
     # slower: see BENCHMARKS.md, Stage speed), "bf16" or "fp32".
     precision: str = _shared(TrainConfig, "precision")
     # Train several proxies at once as one stacked model (batched matmuls):

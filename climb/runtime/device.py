@@ -35,7 +35,7 @@ def resolve_dtype(pref: str, device: str) -> torch.dtype:
 
 
 def cpu_has_bf16() -> bool:
-    """True where oneDNN has native bf16 kernels (AVX512-BF16 / AMX): bf16 is then faster, not emulated."""
+    """True where bf16 is faster than fp32 on this CPU: AMX (proxies.train.native_bf16)."""
     from proxies.train import native_bf16
     return native_bf16(torch.device("cpu"))
 

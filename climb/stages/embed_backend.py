@@ -106,7 +106,7 @@ def cache_root() -> Path:
 
 
 def precision_hint(dtype: str) -> str:
-    """OpenVINO's inference precision for embed.dtype ("auto": bf16 where the CPU has native bf16)."""
+    """OpenVINO's inference precision for embed.dtype ("auto": bf16 where the CPU has AMX)."""
     if dtype == "auto":
         from climb.runtime.device import cpu_has_bf16
         return "bf16" if cpu_has_bf16() else "f32"
