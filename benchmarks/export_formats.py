@@ -63,7 +63,7 @@ def main(argv=None) -> None:
     for fmt, drop_counts in (("both", False), ("megatron", False), ("parquet", False), ("parquet", True)):
         if drop_counts:
             shutil.rmtree(run / "export" / "counts", ignore_errors=True)
-            # another budget by one token: the same export, written again, with the counting pass
+            # another seed (the same settings would be the finished export): written again, counted again
             sets = args.set + ["export.seed=1"]
         else:
             sets = args.set
