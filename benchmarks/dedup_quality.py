@@ -89,6 +89,9 @@ def main(argv=None) -> None:
         raise SystemExit(f"{base}: no finished cluster stage")
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(base, work, ignore=shutil.ignore_patterns("search*", "export", "report", "tokenize"))
+    if "duplicates" not in json.loads((work / "cluster" / "manifest.json").read_text())["stats"]:
+        # a base clustered before duplicates were counted: its cluster stage runs again (centroids kept)
+        (work / "cluster" / "manifest.json").unlink()
     from climb.config import load_config
     cfg = load_config(args.config, args.set)
     from climb.io.files import resolve_corpus_files
