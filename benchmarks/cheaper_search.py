@@ -117,15 +117,25 @@ def _finished(run: Path, command: str) -> bool:
     return (run / "report" / "summary.json").exists() if command == "run" else (run / "search" / "manifest.json").exists()
 
 
+def _common(preset: dict) -> list[str]:
+    return ["--config", preset["config"]] + [a for s in preset["sets"] for a in ("--set", s)]
+
+
+def _build_base(preset: dict) -> Path:
+    """The preset's base folder, embed, cluster and tokenize run there first if need be."""
+    base = Path(preset["base"])
+    if not (base / "tokenize" / "manifest.json").exists():
+        _climb(["tokenize", "--run", str(base)] + _common(preset), f"{base}.log")
+    return base
+
+
 def train(run: Path, seed: int, sets: list[str], baselines: bool, preset: dict) -> None:
     """One run of the preset with `sets` (and search seed `seed`), unless it is finished."""
     if _finished(run, preset["command"]):
         return
-    common = ["--config", preset["config"]] + [a for s in preset["sets"] for a in ("--set", s)]
+    common = _common(preset)
     if preset["base"] and not run.exists():
-        base = Path(preset["base"])
-        if not (base / "tokenize" / "manifest.json").exists():
-            _climb(["tokenize", "--run", str(base)] + common, f"{base}.log")
+        base = _build_base(preset)
         if (base / "search").exists():
             raise SystemExit(f"{base} has a search folder: a base holds embed, cluster and tokenize only")
         shutil.copytree(base, run, copy_function=shutil.copy2)  # copy2 keeps the mtimes the manifests hold
@@ -158,11 +168,7 @@ def _base_here(preset: dict, pending: list[Path]) -> str | None:
     from benchmarks.variant_pair import base_digest
     if not pending or not preset["base"]:
         return None
-    base = Path(preset["base"])
-    if not (base / "tokenize" / "manifest.json").exists():
-        common = ["--config", preset["config"]] + [a for s in preset["sets"] for a in ("--set", s)]
-        _climb(["tokenize", "--run", str(base)] + common, f"{base}.log")
-    return base_digest(base)
+    return base_digest(_build_base(preset))
 
 
 def judge(arm: str, runs: list, default: list, h: list | None, known_answer: bool = True,
@@ -220,16 +226,22 @@ def main(argv=None) -> None:
     arms = {a: [Path((args.arm or preset["arm"]).format(arm=a, seed=s)) for s in args.seeds] for a in args.arms}
     ka = preset["known_answer"]
     every = default + [x for runs in arms.values() for x in runs]
+    cache: dict = {}
+
+    def rec(r: Path) -> dict | None:  # each run's record read (and kept) once
+        if r not in cache:
+            cache[r] = load(r, records, ka)
+        return cache[r]
     if args.train:
-        recorded = {r for r in every if not r.exists() and load(r, records, ka) is not None}
+        recorded = {r for r in every if not r.exists() and rec(r) is not None}
         pending = [r for r in every if r not in recorded]
         # With shared baselines one default run trains them on each base the runs search on: a later
         # session whose base came out otherwise (another CPU's embedding digits) trains them again.
         train_baselines = set(default)
         if args.share_baselines:
             here = _base_here(preset, pending)
-            holders = [r for r in default if r in recorded and _has_baselines(load(r, records, ka))]
-            has = any(load(r, records, ka).get("base") == here for r in holders) if here else bool(holders)
+            holders = [r for r in default if r in recorded and _has_baselines(rec(r))]
+            has = any(rec(r).get("base") == here for r in holders) if here else bool(holders)
             first = next((r for r in default if r in pending), None)
             train_baselines = set() if has or first is None else {first}
         jobs = [(default[i], s, preset["default_sets"], default[i] in train_baselines)
@@ -241,8 +253,9 @@ def main(argv=None) -> None:
         jobs.sort(key=lambda j: not j[3])  # a run that trains the baselines goes first
         for run, s, sets, baselines in jobs:
             train(run, s, sets, baselines=baselines, preset=preset)
-            load(run, records, ka)  # kept at once: a stop loses at most the run in flight
-    loaded = {r: load(r, records, ka) for r in every}
+            cache.pop(run, None)
+            rec(run)  # kept at once: a stop loses at most the run in flight
+    loaded = {r: rec(r) for r in every}
     missing = [str(r) for r, rec in loaded.items() if rec is None]
     if missing:
         raise SystemExit(f"neither finished nor recorded in {records}: {', '.join(missing)} (--train trains them)")
