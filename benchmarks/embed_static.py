@@ -11,6 +11,15 @@ apart: `static_load_seconds`). Then FAISS k-means (k = 20 and 50, the same seed 
 settings for both) on each backend's embeddings, and the normalised mutual
 information and adjusted Rand index of the clusters against `label` and `source`.
 The labels only measure; nothing in climb reads them.
+
+`--tune-sample N` (0: off) adds the two students of `climb.stages.embed_tuned`,
+taught by the torch default on N documents drawn (by the seeded hash of their ids)
+from the corpus's other documents, every source, none of the measured ones: T, the
+static model trained to the teacher's PCA'd vectors, and L, the static embedding
+with a ridge map into the teacher's space. For each, the seconds of the teacher's
+pass over the sample and of the fit, its own documents per second, and the corpus
+size from which its end-to-end rate (teacher pass and fit counted) reaches 20x the
+torch default's (BENCHMARKS.md, "A static embedding trained on the corpus").
 """
 from __future__ import annotations
 
@@ -22,18 +31,42 @@ import pyarrow.parquet as pq
 from common import RESULTS, go_offline, machine, shared_or_skip, show, timer, write_result
 
 
-def labelled_docs(corpus, n: int) -> tuple[list[str], list[str], list[str]]:
-    texts, labels, sources = [], [], []
+def labelled_docs(corpus, n: int) -> tuple[list[str], list[str], list[str], list[str]]:
+    texts, labels, sources, ids = [], [], [], []
     for f in sorted(corpus.glob("part-*.parquet")):
-        t = pq.read_table(f, columns=["text", "label", "source"]).to_pydict()
-        for text, label, source in zip(t["text"], t["label"], t["source"]):
+        t = pq.read_table(f, columns=["id", "text", "label", "source"]).to_pydict()
+        for i, text, label, source in zip(t["id"], t["text"], t["label"], t["source"]):
             if source != "wikipedia" and label:
                 texts.append(text)
                 labels.append(label)
                 sources.append(source)
+                ids.append(i)
                 if len(texts) == n:
-                    return texts, labels, sources
-    return texts, labels, sources
+                    return texts, labels, sources, ids
+    return texts, labels, sources, ids
+
+
+def sample_docs(corpus, n: int, exclude: set[str], seed: int = 0) -> tuple[list[str], list[str]]:
+    """`n` documents of the whole corpus, none of `exclude`, by climb's seeded hash of their ids."""
+    from climb.stages.embed_tuned import draw_sample
+    files = sorted(corpus.glob("part-*.parquet"))
+    ids = [i for f in files for i in pq.read_table(f, columns=["id"]).column("id").to_pylist() if i not in exclude]
+    chosen = draw_sample(ids, n, seed)
+    want = set(chosen)
+    text = {}
+    for f in files:
+        t = pq.read_table(f, columns=["id", "text"]).to_pydict()
+        text.update((i, x) for i, x in zip(t["id"], t["text"]) if i in want)
+    return chosen, [text[i] for i in chosen]
+
+
+def break_even(teacher_seconds: float, fit_seconds: float, student_rate: float, torch_rate: float,
+               ratio: float = 20.0) -> int | None:
+    """The smallest corpus size N at which N / (teacher + fit + N / student) >= ratio x torch's rate."""
+    gain = 1.0 / torch_rate - ratio / student_rate
+    if gain <= 0:
+        return None  # the student alone is not `ratio` x faster: no size reaches it
+    return int(np.ceil(ratio * (teacher_seconds + fit_seconds) / gain))
 
 
 def agreement(emb: np.ndarray, labels: list[str], sources: list[str], ks=(20, 50), seed: int = 0) -> dict:
@@ -53,6 +86,8 @@ def agreement(emb: np.ndarray, labels: list[str], sources: list[str], ks=(20, 50
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=int, default=6000)
+    ap.add_argument("--tune-sample", type=int, default=0,
+                    help="documents the students T and L learn from (0: measure the static and torch backends only)")
     ap.add_argument("--out", default=str(RESULTS / "embed_static.json"))
     a = ap.parse_args(argv)
     corpus = shared_or_skip("corpus", "embed_static", "*.parquet")
@@ -61,7 +96,7 @@ def main(argv=None) -> int:
     go_offline()
     from climb.config import EmbedConfig
     from climb.stages.embed import encode, load_model
-    texts, labels, sources = labelled_docs(corpus, a.docs)
+    texts, labels, sources, ids = labelled_docs(corpus, a.docs)
     res = {"name": "embed_static", "docs": len(texts), "labels": len(set(labels)), "sources": len(set(sources)),
            "chars": sum(map(len, texts)), "backends": {}}
     for backend in ("static", "torch"):
@@ -75,6 +110,8 @@ def main(argv=None) -> int:
                                     "load_seconds": round(t_load.seconds, 1), "seconds": round(t.seconds, 2),
                                     "docs_per_s": round(len(texts) / t.seconds, 1),
                                     "agreement": agreement(emb, labels, sources)}
+    if a.tune_sample:
+        tune(res, corpus, texts, labels, sources, set(ids), a.tune_sample)
     b = res["backends"]
     res["static_speedup"] = round(b["static"]["docs_per_s"] / b["torch"]["docs_per_s"], 1)
     res["target"] = "static >= 20x the torch default's docs/s"
@@ -82,6 +119,41 @@ def main(argv=None) -> int:
     write_result(a.out, res)
     show(res, "docs", "static_speedup")
     return 0
+
+
+def tune(res: dict, corpus, texts, labels, sources, exclude: set[str], n: int) -> None:
+    """T and L taught by the torch default on `n` other documents; measured as the backends are."""
+    from climb.config import EmbedConfig
+    from climb.stages.embed import encode, load_model
+    from climb.stages.embed_tuned import TunedEncoder, fit_linear, fit_tuned
+    cfg = EmbedConfig(backend="torch")
+    window = cfg.max_seq_length
+    _, sample = sample_docs(corpus, n, exclude)
+    teacher = load_model(cfg)
+    with timer() as t_teacher:
+        targets = encode(teacher, sample, cfg)
+    static = load_model(EmbedConfig(backend="static")).model
+    torch_rate = res["backends"]["torch"]["docs_per_s"]
+    res["tune"] = {"sample": len(sample), "teacher_seconds": round(t_teacher.seconds, 1),
+                   "teacher_docs_per_s": round(len(sample) / t_teacher.seconds, 1)}
+    with timer() as t_fit:
+        tuned = fit_tuned(static, sample, targets, window)
+    students = {"T": (TunedEncoder(tuned, None, window, "tuned"), t_fit.seconds)}
+    raw = TunedEncoder(static, None, window, "static")
+    with timer() as t_fit:
+        linear = fit_linear(raw.encode(sample, normalize_embeddings=False), targets)
+    students["L"] = (TunedEncoder(static, linear, window, "linear"), t_fit.seconds)
+    res["tune"]["ridge_alpha"] = linear["alpha"]
+    for name, (model, fit_seconds) in students.items():
+        model.encode(texts[:64])  # warm-up
+        with timer() as t:
+            emb = model.encode(texts)
+        rate = len(texts) / t.seconds
+        res["backends"][name] = {
+            "backend": model.climb_backend, "dims": int(emb.shape[1]), "fit_seconds": round(fit_seconds, 1),
+            "seconds": round(t.seconds, 2), "docs_per_s": round(rate, 1),
+            "agreement": agreement(emb, labels, sources),
+            "twenty_x_from_docs": break_even(t_teacher.seconds, fit_seconds, rate, torch_rate)}
 
 
 if __name__ == "__main__":

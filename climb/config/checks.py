@@ -33,6 +33,9 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.embed.backend not in EMBED_BACKENDS:
         raise ConfigError(f"embed.backend must be one of {', '.join(map(repr, EMBED_BACKENDS))}, got "
                           f"{cfg.embed.backend!r} (\"auto\": OpenVINO on a CPU, torch on a GPU)")
+    if cfg.embed.tune_sample < 100:
+        raise ConfigError(f"embed.tune_sample must be at least 100 documents (the \"tuned\" student learns from "
+                          f"them), got {cfg.embed.tune_sample}")
     if cfg.executor.kind not in ("local", "dask"):
         raise ConfigError(f"executor.kind must be 'local' or 'dask', got {cfg.executor.kind!r}")
     if cfg.search.eval_seeds < 2:

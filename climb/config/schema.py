@@ -45,7 +45,7 @@ STAGES = ("embed", "cluster", "tokenize", "search", "validate", "export", "repor
 # Stages `climb run` (and a later stage) runs only when the config enables them.
 OPTIONAL = ("validate",)
 
-EMBED_BACKENDS = ("auto", "torch", "openvino", "static")
+EMBED_BACKENDS = ("auto", "torch", "openvino", "static", "tuned")
 # The search strategy's choices (climb.optimize.strategy validates them too; the
 # config names them so that a loaded config is checked without the numeric stack).
 SEARCH_ACQUISITIONS = ("explore", "thompson", "ei", "ucb")
@@ -74,7 +74,13 @@ class EmbedConfig:
     # "static": a static embedding (model2vec) distilled once from `model`, cached under
     # $HF_HOME/climb/static; tens of times faster on a CPU, less topically precise
     # (BENCHMARKS.md, "A static embedding"); the embeddings have 256 dimensions.
+    # "tuned": that static embedding taught by `model` on `tune_sample` documents of the
+    # run's own corpus (climb/stages/embed_tuned.py; the teacher's pass over the sample and
+    # the fit are counted in the stage's seconds), cached under $HF_HOME/climb/tuned and
+    # kept in the run folder (BENCHMARKS.md, "A static embedding trained on the corpus").
     backend: str = "torch"
+    # Documents the "tuned" student learns from, drawn by a seeded hash of their ids.
+    tune_sample: int = 20_000
 
 
 @dataclass(frozen=True)
@@ -539,6 +545,7 @@ def to_toml(cfg: RunConfig) -> str:
 # stages keep theirs.
 ADDED_FIELDS = {
     "RunConfig": ("dedup",),
+    "EmbedConfig": ("tune_sample",),
     "ClusterConfig": ("refit",),
     "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens"),
     "TargetConfig": ("lm_eval", "lm_eval_include", "contamination", "decontaminate"),

@@ -42,16 +42,22 @@ def model_path(name: str) -> str:
     return name
 
 
-def load_model(cfg: EmbedConfig):
+def load_model(cfg: EmbedConfig, student: str = ""):
     """The SentenceTransformer for `cfg`, on the backend `embed.backend` resolves to (one per process);
-    for the static backend an object with the same `encode`."""
+    for the static backends an object with the same `encode` ("tuned": the run's `student` folder,
+    embed_tuned.prepare)."""
     device = resolve_device(cfg.device)
     backend = resolve_backend(cfg.backend, device)
-    key = (cfg.model, device, cfg.dtype, cfg.max_seq_length, cfg.backend, backend)
+    key = (cfg.model, device, cfg.dtype, cfg.max_seq_length, cfg.backend, backend, student)
     if key not in _MODELS:
         from sentence_transformers import SentenceTransformer
         model = None
-        if backend == "static":
+        if backend == "tuned":
+            if not student:
+                raise ValueError("embed.backend=\"tuned\" embeds with a run's student (embed_tuned.prepare)")
+            from climb.stages.embed_tuned import load_student
+            model = load_student(student, cfg.max_seq_length)
+        elif backend == "static":
             model = load_static(cfg.model, model_path(cfg.model), STATIC_DIMS, cfg.max_seq_length)
         elif backend == "openvino":
             # Converted from the fp32 weights; the precision is OpenVINO's to choose (embed.dtype).
@@ -111,6 +117,8 @@ class EmbedTask:
     # The file's content fingerprint (climb.io.digests), kept with the shard's outputs: a shard
     # embedded from other bytes is embedded again.
     source: tuple = ()
+    # embed.backend = "tuned": the run's student folder (embed_tuned.prepare).
+    student: str = ""
 
 
 def embed_shard(task: EmbedTask) -> dict:
@@ -131,7 +139,7 @@ def embed_shard(task: EmbedTask) -> dict:
                                 if k.startswith(b"skipped.")}}
         log.info("embed %s: its corpus file changed since it was embedded; embedding it again", name)
     t0 = time.time()
-    model = load_model(ecfg)
+    model = load_model(ecfg, task.student)
     ids: list[str] = []
     nbytes: list[int] = []
     chunks: list[np.ndarray] = []
@@ -241,8 +249,12 @@ def _embed(cfg: RunConfig, paths: RunPaths, files: list[Path | str], folder: Pat
             stale.unlink()
             out.vectors(name).unlink(missing_ok=True)
     sources = content_fingerprint(files, paths.digests)
-    tasks = [EmbedTask(path=str(f), out_dir=str(folder), corpus=cfg.corpus, embed=cfg.embed, source=tuple(src))
-             for f, src in zip(files, sources)]
+    student, student_info = "", None
+    if resolve_backend(cfg.embed.backend, resolve_device(cfg.embed.device)) == "tuned":
+        from climb.stages.embed_tuned import prepare
+        student, student_info = prepare(cfg, files, folder)
+    tasks = [EmbedTask(path=str(f), out_dir=str(folder), corpus=cfg.corpus, embed=cfg.embed, source=tuple(src),
+                       student=student) for f, src in zip(files, sources)]
     results = ex.map(embed_shard, tasks, desc="embed", resources={"GPU": 1})
     docs = sum(r["docs"] for r in results)
     if docs == 0:
@@ -259,6 +271,8 @@ def _embed(cfg: RunConfig, paths: RunPaths, files: list[Path | str], folder: Pat
              "docs_per_s": round(fresh / max(secs, 1e-9), 1) if fresh else None, "resumed_shards": resumed,
              "device": resolve_device(cfg.embed.device), "dtype": precision(cfg)[1], "model": cfg.embed.model,
              "backend": sorted({r["backend"] for r in results if r.get("backend")})}
+    if student_info:
+        stats["student"] = student_info
     log.info("embed: %d docs from %d shards%s, %s docs/s, skipped %s", docs, len(files),
              f" ({resumed} done before)" if resumed else "",
              "n/a" if stats["docs_per_s"] is None else f"{stats['docs_per_s']:.0f}", dict(skip) or "none")

@@ -82,12 +82,12 @@ def openvino_available() -> bool:
 
 def resolve_backend(backend: str, device: str) -> str:
     """The backend that runs: OpenVINO for "auto" on a CPU (where installed), torch on anything else;
-    "static" as asked."""
+    "static" and "tuned" as asked."""
     if backend not in BACKENDS:
         raise ValueError(f"embed.backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if backend == "auto":
         return "openvino" if device == "cpu" and openvino_available() else "torch"
-    if backend == "static":
+    if backend in ("static", "tuned"):
         return backend  # numpy on the CPU, whatever the device
     if backend == "openvino":
         if device != "cpu":

@@ -1,0 +1,96 @@
+"""embed.backend = "tuned" in the embed stage: built offline from the shipped model, the same
+vectors from a fresh cache, another run on the same corpus copies the student, and a shard
+added later is embedded with the run's own student (the old vectors unchanged)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from climb import pipeline
+from climb.config import load_config
+from climb.runtime.stage import RunPaths
+from climb.stages import embed, embed_tuned
+from conftest import vocab_docs, write_parquet_shards
+
+
+@pytest.fixture(scope="module")
+def hf_home(tmp_path_factory):
+    return tmp_path_factory.mktemp("hf")  # the static model is distilled once for the module
+
+
+@pytest.fixture
+def offline(monkeypatch, hf_home):
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(embed, "_MODELS", {})
+    return hf_home
+
+
+def _cfg(corpus):
+    return load_config(None, [f'corpus.paths=["{corpus}/*.parquet"]', 'embed.backend="tuned"',
+                              "embed.tune_sample=100", "embed.max_seq_length=64"])
+
+
+def _vectors(paths: RunPaths) -> dict:
+    return {f.name: f.read_bytes() for f in sorted(paths.embed.dir.glob("*.npy"))}
+
+
+def test_the_tuned_backend_in_the_embed_stage(offline, tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus"
+    write_parquet_shards(corpus, vocab_docs(40), 2)  # 160 documents, 100 of them in the sample
+    cfg = _cfg(corpus)
+    a = RunPaths(tmp_path / "a")
+    stats = pipeline.run_stage("embed", cfg, a.root, with_deps=False)
+    info = stats["student"]
+    assert info["kind"] == embed_tuned.STUDENT and info["sample"] == 100 and info["teacher_seconds"] > 0
+    assert stats["backend"] and stats["backend"][0].startswith("tuned-")
+    assert (a.embed.dir / "student" / "student.json").exists()
+    assert len(list((offline / "climb" / "tuned").glob("*/student.json"))) == 1
+    vec = np.load(a.embed.dir / "part-00000.npy")
+    assert vec.dtype == np.float32 and np.allclose(np.linalg.norm(vec, axis=1), 1, atol=1e-5)
+
+    # Another run on the same corpus copies the cached student: no teacher, the same vectors.
+    monkeypatch.setattr(embed, "_MODELS", {})
+    monkeypatch.setattr(embed_tuned, "write_student", lambda *a, **k: pytest.fail("taught again"))
+    b = RunPaths(tmp_path / "b")
+    pipeline.run_stage("embed", cfg, b.root, with_deps=False)
+    assert _vectors(b) == _vectors(a)
+
+    # A shard added: the run's student stays (nothing taught) and the old vectors are unchanged.
+    old = _vectors(a)
+    docs = [dict(d, id=f"new-{d['id']}") for d in vocab_docs(5, seed=3)]
+    pq.write_table(pa.table({"id": [d["id"] for d in docs], "text": [d["text"] for d in docs]}),
+                   corpus / "part-00002.parquet")
+    again = pipeline.run_stage("embed", cfg, a.root, with_deps=False)
+    assert again["resumed_shards"] == 2 and len(again["shards"]) == 3
+    new = _vectors(a)
+    assert {k: new[k] for k in old} == old and "part-00002.npy" in new
+
+
+def test_the_student_is_the_same_from_a_fresh_cache(offline, tmp_path, monkeypatch):
+    """Deterministic: taught again from nothing (another HF_HOME, the static model distilled
+    again), the student gives the same vectors bit for bit."""
+    corpus = tmp_path / "corpus"
+    write_parquet_shards(corpus, vocab_docs(40), 2)
+    cfg = _cfg(corpus)
+    a = RunPaths(tmp_path / "a")
+    pipeline.run_stage("embed", cfg, a.root, with_deps=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "fresh-hf"))
+    monkeypatch.setattr(embed, "_MODELS", {})
+    b = RunPaths(tmp_path / "b")
+    pipeline.run_stage("embed", cfg, b.root, with_deps=False)
+    assert list((tmp_path / "fresh-hf" / "climb" / "tuned").glob("*/student.json"))
+    assert _vectors(b) == _vectors(a)
+    sa = json.loads((a.embed.dir / "student" / "student.json").read_text())
+    sb = json.loads((b.embed.dir / "student" / "student.json").read_text())
+    assert sa["key"] == sb["key"]
+
+
+def test_a_tuned_sample_below_a_hundred_is_refused():
+    from climb.config import ConfigError
+    with pytest.raises(ConfigError, match="tune_sample"):
+        load_config(None, ['embed.backend="tuned"', "embed.tune_sample=10"])
