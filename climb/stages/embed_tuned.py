@@ -61,7 +61,10 @@ def fit_tuned(static_model, texts: Sequence[str], targets: np.ndarray, window: i
     targets = np.asarray(targets, dtype=np.float32)
     dims = int(static_model.dim)
     if targets.shape[1] > dims:
-        targets = PCA(n_components=dims, random_state=seed).fit_transform(targets).astype(np.float32)
+        # A sample smaller than the dimensions has fewer components: the rest are zero.
+        k = min(dims, len(targets))
+        reduced = PCA(n_components=k, random_state=seed).fit_transform(targets).astype(np.float32)
+        targets = np.pad(reduced, ((0, 0), (0, dims - k)))
     elif targets.shape[1] < dims:
         raise ValueError(f"the teacher's vectors have {targets.shape[1]} dimensions, fewer than the static "
                          f"model's {dims}")
@@ -115,7 +118,7 @@ class TunedEncoder:
 # ---------------------------------------------------------------------------------------------
 # embed.backend = "tuned": the student the embed stage uses, made once per run.
 
-STUDENT = "linear"  # which student "tuned" trains: "linear" (L) or "tokens" (T); BENCHMARKS.md chose
+STUDENT = "tokens"  # which student "tuned" trains: "tokens" (T) or "linear" (L); chosen by NMI (BENCHMARKS.md)
 _DONE = "student.json"
 
 
