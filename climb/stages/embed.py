@@ -139,7 +139,7 @@ def embed_shard(task: EmbedTask) -> dict:
                                 if k.startswith(b"skipped.")}}
         log.info("embed %s: its corpus file changed since it was embedded; embedding it again", name)
     t0 = time.time()
-    model = load_model(ecfg, task.student)
+    model = load_model(ecfg, task.student) if task.student else load_model(ecfg)
     ids: list[str] = []
     nbytes: list[int] = []
     chunks: list[np.ndarray] = []
@@ -237,6 +237,23 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
                    resume_key=resume_key(cfg))
 
 
+def _teacher(cfg: RunConfig):
+    """The "tuned" student's teacher: the configured transformer as the torch backend runs it."""
+    import dataclasses
+
+    from climb.stages.embed_tuned import Teacher
+    tcfg = dataclasses.replace(cfg.embed, backend="torch")
+
+    def vectors(texts: list[str]) -> np.ndarray:
+        model = load_model(tcfg)
+        return np.concatenate([encode(model, texts[a:a + 2048], tcfg) for a in range(0, len(texts), 2048)])
+
+    def static():
+        return load_static(tcfg.model, model_path(tcfg.model), STATIC_DIMS, tcfg.max_seq_length).model
+    return Teacher(name=tcfg.model, window=tcfg.max_seq_length, vectors=vectors, static=static,
+                   key=(tcfg.model, tcfg.max_seq_length, *precision(cfg), STATIC_DIMS))
+
+
 def _embed(cfg: RunConfig, paths: RunPaths, files: list[Path | str], folder: Path, ex) -> dict:
     from climb.io.digests import content_fingerprint
     t0 = time.time()
@@ -252,7 +269,7 @@ def _embed(cfg: RunConfig, paths: RunPaths, files: list[Path | str], folder: Pat
     student, student_info = "", None
     if resolve_backend(cfg.embed.backend, resolve_device(cfg.embed.device)) == "tuned":
         from climb.stages.embed_tuned import prepare
-        student, student_info = prepare(cfg, files, folder)
+        student, student_info = prepare(cfg, files, folder, _teacher(cfg))
     tasks = [EmbedTask(path=str(f), out_dir=str(folder), corpus=cfg.corpus, embed=cfg.embed, source=tuple(src),
                        student=student) for f, src in zip(files, sources)]
     results = ex.map(embed_shard, tasks, desc="embed", resources={"GPU": 1})

@@ -27,7 +27,8 @@ import copy
 import hashlib
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -148,26 +149,37 @@ def _sample_digest(ids: Sequence[str], texts: Sequence[str]) -> str:
     return h.hexdigest()
 
 
-def student_key(teacher_cfg, precision: list[str], ids, texts, kind: str = STUDENT) -> str:
-    """What a student depends on: its kind, the teacher and how it runs, the static model's
-    dimensions, the library versions and the sample's ids and texts."""
+@dataclass(frozen=True)
+class Teacher:
+    """What a student learns from, as the embed stage gives it: `vectors(texts)`, the
+    transformer's embeddings of texts; `static()`, the static model the student starts from;
+    `key`, what those depend on (the model, its window, device and precision, the static
+    dimensions)."""
+    name: str
+    window: int
+    vectors: Callable[[list[str]], np.ndarray]
+    static: Callable[[], object]
+    key: tuple
+
+
+def student_key(teacher: Teacher, ids, texts, kind: str = STUDENT) -> str:
+    """What a student depends on: its kind, the teacher and how it runs, the library versions
+    and the sample's ids and texts."""
     import model2vec
     import sklearn
 
     from climb.config import digest
-    from climb.stages.embed import STATIC_DIMS
-    return digest(kind, teacher_cfg.model, teacher_cfg.max_seq_length, precision, STATIC_DIMS,
-                  model2vec.__version__, sklearn.__version__, _sample_digest(ids, texts))[:16]
+    return digest(kind, list(teacher.key), model2vec.__version__, sklearn.__version__,
+                  _sample_digest(ids, texts))[:16]
 
 
-def prepare(cfg, files, folder) -> tuple[str, dict]:
+def prepare(cfg, files, folder, teacher: Teacher) -> tuple[str, dict]:
     """The run's student: `<embed folder>/student`, made on the first embed of a run. Once made it
     stays for the run (shards added later are embedded with it, so earlier shards' vectors stay
     valid); a change of embed settings clears the stage folder and with it the student. Its
     making (the sample read, the teacher's pass, the fit) is cached under
     `$HF_HOME/climb/tuned/`, keyed on the sample's content, so another run on the same corpus
     copies it."""
-    import dataclasses
     import json
     import shutil
     import time
@@ -177,7 +189,6 @@ def prepare(cfg, files, folder) -> tuple[str, dict]:
     dest = Path(folder) / "student"
     if (dest / _DONE).exists():
         return str(dest), json.loads((dest / _DONE).read_text())
-    from climb.stages.embed import precision
     t0 = time.time()
     ids, texts = read_sample(files, cfg.corpus, cfg.embed.tune_sample)
     if len(ids) < 10:
@@ -185,12 +196,11 @@ def prepare(cfg, files, folder) -> tuple[str, dict]:
         raise InputError(f"embed.backend=\"tuned\" learns from a sample of the corpus, but it has {len(ids)} "
                          "documents; use embed.backend=\"torch\" for a corpus this small")
     read_seconds = time.time() - t0
-    teacher_cfg = dataclasses.replace(cfg.embed, backend="torch")
-    key = student_key(teacher_cfg, precision(cfg), ids, texts)
+    key = student_key(teacher, ids, texts)
     cached = cache_root() / "tuned" / f"{cache_slug(cfg.embed.model)}-{key}"
 
     def write(tmp: Path) -> None:
-        write_student(tmp, teacher_cfg, ids, texts, {"key": key, "read_seconds": round(read_seconds, 2)})
+        write_student(tmp, teacher, ids, texts, {"key": key, "read_seconds": round(read_seconds, 2)})
     build_once(cached, _DONE, write, f"teaching a static embedding on {len(ids)} documents of the corpus")
     tmp = dest.with_name(f".student.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -202,23 +212,18 @@ def prepare(cfg, files, folder) -> tuple[str, dict]:
     return str(dest), info
 
 
-def write_student(folder, teacher_cfg, ids, texts, extra: dict | None = None, kind: str = STUDENT) -> dict:
+def write_student(folder, teacher: Teacher, ids, texts, extra: dict | None = None, kind: str = STUDENT) -> dict:
     """Teach a student on (ids, texts) and save it in `folder` (its static model, the linear map
     for L) with `student.json` last."""
     import json
     import time
     from pathlib import Path
-
-    from climb.stages.embed import STATIC_DIMS, encode, load_model, model_path
-    from climb.stages.embed_static import load_static
     folder = Path(folder)
-    window = teacher_cfg.max_seq_length
+    window = teacher.window
     t0 = time.time()
-    teacher = load_model(teacher_cfg)
-    targets = np.concatenate([encode(teacher, list(texts[a:a + 2048]), teacher_cfg)
-                              for a in range(0, len(texts), 2048)])
+    targets = teacher.vectors(list(texts))
     teacher_seconds = time.time() - t0
-    static = load_static(teacher_cfg.model, model_path(teacher_cfg.model), STATIC_DIMS, window).model
+    static = teacher.static()
     t0 = time.time()
     linear = None
     if kind == "linear":
@@ -230,7 +235,7 @@ def write_student(folder, teacher_cfg, ids, texts, extra: dict | None = None, ki
         fit_tuned(static, texts, targets, window).save_pretrained(str(folder / "static"))
     else:
         raise ValueError(f"unknown student {kind!r}")
-    info = {"kind": kind, "sample": len(ids), "teacher": teacher_cfg.model, "window": window,
+    info = {"kind": kind, "sample": len(ids), "teacher": teacher.name, "window": window,
             "teacher_seconds": round(teacher_seconds, 2), "fit_seconds": round(time.time() - t0, 2),
             "teacher_docs_per_s": round(len(ids) / max(teacher_seconds, 1e-9), 1),
             **({"ridge_alpha": linear["alpha"]} if linear else {}), **(extra or {})}
