@@ -246,7 +246,9 @@ def _teacher(cfg: RunConfig):
 
     def vectors(texts: list[str]) -> np.ndarray:
         model = load_model(tcfg)
-        return np.concatenate([encode(model, texts[a:a + 2048], tcfg) for a in range(0, len(texts), 2048)])
+        starts = range(0, len(texts), 2048)
+        bar = tqdm(starts, desc="embed: the teacher's pass over the sample", unit="batch", leave=False, mininterval=5)
+        return np.concatenate([encode(model, texts[a:a + 2048], tcfg) for a in bar])
 
     def static():
         return load_static(tcfg.model, model_path(tcfg.model), STATIC_DIMS, tcfg.max_seq_length).model
