@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from climb.stages.embed_static import StaticEncoder
+
 log = logging.getLogger(__name__)
 
 
@@ -95,24 +97,23 @@ def fit_linear(static_vectors: np.ndarray, targets: np.ndarray, alphas=(1e-3, 1e
     return {"W": r.coef_.T.astype(np.float32), "b": r.intercept_.astype(np.float32), "alpha": float(r.alpha_)}
 
 
-class TunedEncoder:
-    """Encodes as a SentenceTransformer does with a static model, then (for L) its linear map."""
+class TunedEncoder(StaticEncoder):
+    """The static encoder (`embed_static.StaticEncoder`), then for L its linear map."""
 
     def __init__(self, model, linear: dict | None, window: int, backend: str = "tuned"):
-        self.model, self.linear, self.max_seq_length = model, linear, window
+        self.linear = linear
+        super().__init__(model, window, "")
         self.climb_backend = f"{backend}-{self.get_embedding_dimension()}"
 
     def get_embedding_dimension(self) -> int:
         return int(self.linear["W"].shape[1] if self.linear else self.model.dim)
 
     def encode(self, texts, batch_size: int = 1024, normalize_embeddings: bool = True, **_) -> np.ndarray:
-        emb = self.model.encode(list(texts), max_length=self.max_seq_length, batch_size=max(batch_size, 1024),
-                                use_multiprocessing=False, show_progress_bar=False)
-        emb = np.asarray(emb, dtype=np.float32)
+        emb = super().encode(texts, batch_size, normalize_embeddings=normalize_embeddings and not self.linear)
         if self.linear:
             emb = emb @ self.linear["W"] + self.linear["b"]
-        if normalize_embeddings:
-            emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+            if normalize_embeddings:
+                emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
         return emb
 
 
@@ -124,21 +125,15 @@ _DONE = "student.json"
 
 
 def read_sample(files, corpus, n: int, seed: int = 0) -> tuple[list[str], list[str]]:
-    """The ids and texts of the corpus's `n` documents first in the seeded order, in that order:
-    one streaming pass over every file, holding `n` documents at most."""
+    """The ids and texts of the corpus's `n` documents first in the seeded order (`draw_sample`'s),
+    in that order: one streaming pass over every file, holding `n` documents at most."""
     import heapq
 
     from climb.io.files import read_documents
-    heap: list[tuple[int, str, str]] = []  # (-rank, id, text): the largest rank kept is on top
-    for f in files:
-        for batch in read_documents(f, corpus.text_column, corpus.id_column, batch_rows=corpus.batch_rows):
-            for i, t in zip(batch.ids, batch.texts):
-                item = (-sample_rank(str(i), seed), str(i), t)
-                if len(heap) < n:
-                    heapq.heappush(heap, item)
-                elif item > heap[0]:
-                    heapq.heapreplace(heap, item)
-    chosen = sorted(heap, reverse=True)
+    docs = ((sample_rank(str(i), seed), str(i), t) for f in files
+            for batch in read_documents(f, corpus.text_column, corpus.id_column, batch_rows=corpus.batch_rows)
+            for i, t in zip(batch.ids, batch.texts))
+    chosen = heapq.nsmallest(n, docs)
     return [i for _, i, _ in chosen], [t for _, _, t in chosen]
 
 
