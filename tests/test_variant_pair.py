@@ -207,5 +207,9 @@ def test_cheaper_search_goes_on_from_its_records_when_the_run_folders_are_gone(t
     shutil.rmtree(tmp_path / "runs")
     cs.main([a for a in argv if a != "--train"] + ["--seeds", "20", "21", "22", "23"])
     assert json.loads((tmp_path / "out_B.json").read_text()) == last
+    # The bench's criterion (d) is judged at its own margin, 0.0075, unless told otherwise.
+    assert last["margin"] == 0.0075
+    cs.main([a for a in argv if a != "--train"] + ["--seeds", "20", "21", "22", "23", "--margin", "0.01"])
+    assert json.loads((tmp_path / "out_B.json").read_text())["margin"] == 0.01
     with pytest.raises(SystemExit, match="neither finished nor recorded"):
         cs.main([a for a in argv if a != "--train"] + ["--seeds", "20", "24"])
