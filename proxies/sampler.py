@@ -11,11 +11,15 @@ each of which lowers the noise of a proxy's score (BENCHMARKS.md, proxy noise):
   each row's cluster i.i.d. with probability ``weights[c]``.
 - which window: ``common=True`` gives every cluster its own random stream, seeded
   by (seed, cluster), that walks the cluster in a random order of non-overlapping
-  windows (a fresh order and offset each pass). The n-th window drawn from a
-  cluster is then the same whatever the mixture: two proxies with one seed see
-  the same documents in the same order within each cluster (common random
-  numbers), so their difference measures the mixture, not the draw.
-  ``common=False`` draws a uniformly random window from one generator.
+  windows, pass after pass. Each pass draws a random offset (so window boundaries
+  move between passes) and the keys of a Feistel permutation of the pass's
+  windows (``FeistelPermutation``: a keyed bijection of range(count) computed a
+  chunk of CHUNK windows at a time, so a stream's memory does not grow with its
+  cluster). The n-th window drawn from a cluster is then the same whatever the
+  mixture: two proxies with one seed see the same documents in the same order
+  within each cluster (common random numbers), so their difference measures the
+  mixture, not the draw. ``common=False`` draws a uniformly random window from
+  one generator.
 
 All randomness comes from numpy Generators seeded by ``seed``, so a sampler is
 reproducible and independent of global RNG state.
@@ -200,26 +204,119 @@ class SwitchSampler:
         return _to_batch(self.sample_windows(), self.device, self.device.type == "cuda")
 
 
+# A pass's order of window starts is a keyed Feistel permutation evaluated a chunk at a time, so
+# a stream's memory does not grow with its cluster (a materialised permutation of a 10**10-token
+# cluster's windows took ~0.6 GB a stream, and each proxy of a stacked swarm held its own copy).
+FEISTEL_ROUNDS = 4
+# Permutation inputs evaluated at once: a stream holds at most this many window starts (16 KiB).
+# A numpy call's fixed cost dominates at this size, so a larger chunk is cheaper per window.
+CHUNK = 2048
+_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's multipliers
+
+
+class FeistelPermutation:
+    """A keyed bijection of range(count) whose values are computed on demand, in O(1) memory.
+
+    ``network`` is a Feistel network on ``bits``-bit integers, 2**bits the smallest power of
+    two >= count (so < 2 * count). Round r splits x into its low b and high a bits
+    (a + b = bits, the two as equal as can be) and maps it to ``lo << a | (hi ^ F_r(lo))``;
+    the widths then swap for the next round. Each round is invertible whatever F_r is
+    (lo is carried over, and hi = the new low bits ^ F_r(lo)), hence the network is a
+    bijection of range(2**bits). F_r(v) is the top a bits of a multiply-xorshift-multiply
+    hash of ``v ^ keys[r]``.
+
+    The permutation of range(count) is the network's values at 0, 1, ..., 2**bits - 1 with
+    those >= count dropped (each value below count comes from exactly one input):
+    ``block(j, stop)`` gives the part that inputs j .. stop-1 contribute, so a pass is
+    ``block(0, CHUNK)``, ``block(CHUNK, 2 * CHUNK)``, ... up to ``domain``.
+    """
+
+    def __init__(self, count: int, keys) -> None:
+        if not 1 <= count <= 2**63:  # values come back as int64
+            raise ValueError(f"count must lie in [1, 2**63], got {count}")
+        self.count = int(count)
+        self.bits = (self.count - 1).bit_length()
+        self.domain = 1 << self.bits
+        self.keys = tuple(int(k) for k in np.asarray(keys, dtype=np.uint64).reshape(-1))
+        # (low width b, high width a, key) of each round, as plain ints: building numpy scalars
+        # would cost more than the rounds' arithmetic on a chunk
+        b, a = self.bits // 2, self.bits - self.bits // 2
+        self._rounds = []
+        for key in self.keys:
+            self._rounds.append((b, a, key))
+            a, b = b, a
+
+    def network(self, x) -> np.ndarray:
+        """The Feistel network on uint64 values < 2**bits: a bijection of range(2**bits)."""
+        x = np.asarray(x, dtype=np.uint64)
+        for b, a, key in self._rounds:
+            if a == 0:  # bits <= 1 and no high half: the round is the identity
+                continue
+            lo = x & ((1 << b) - 1)
+            z = lo ^ key
+            z *= _M1
+            z ^= z >> 32
+            z *= _M2
+            z >>= 64 - a  # F: the hash's top a bits
+            z ^= x >> b
+            lo <<= a
+            x = lo | z
+        return x
+
+    def block(self, j: int, stop: int) -> np.ndarray:
+        """The values (int64, in range(count)) that the network gives inputs j .. stop-1, in that order."""
+        y = self.network(np.arange(j, min(stop, self.domain), dtype=np.uint64))
+        return y[y < self.count].astype(np.int64)
+
+
 class _WindowStream:
-    """One cluster's windows in a random order of non-overlapping windows, pass after pass."""
+    """One cluster's windows in a random order of non-overlapping windows, pass after pass.
+
+    Each pass draws, from the stream's own generator, a random offset (so window boundaries
+    move between passes) and the keys of a :class:`FeistelPermutation` of its ``count``
+    windows; their starts are computed a chunk at a time, so a stream holds at most CHUNK
+    of them whatever the cluster's size.
+    """
 
     def __init__(self, array: np.ndarray, seq_len: int, seed: tuple[int, int]) -> None:
         self.array, self.seq_len = array, seq_len
         self.rng = np.random.default_rng(list(seed))
-        self.order: np.ndarray = np.empty(0, dtype=np.int64)
-        self.pos = 0
+        self.offset, self.perm = 0, None  # the current pass's offset and order (None: no pass yet)
+        self._j = 0  # the next of the order's inputs to evaluate
+        self._buf = memoryview(np.empty(0, dtype=np.int64))  # window starts of this chunk (ints when indexed)
+        self._k = 0  # how many of _buf were drawn
 
     def _new_pass(self) -> None:
         n, L = len(self.array), self.seq_len
         # A random offset each pass, so window boundaries move between passes.
         offset = int(self.rng.integers(0, max(1, min(L, n - L))))
         count = max(1, (n - 1 - offset) // L)
-        self.order = offset + L * self.rng.permutation(count)
-        self.pos = 0
+        keys = self.rng.integers(0, 2**64, size=FEISTEL_ROUNDS, dtype=np.uint64)
+        self.offset, self.perm, self._j = offset, FeistelPermutation(count, keys), 0
+
+    def _refill(self) -> None:
+        while True:
+            if self.perm is None or self._j >= self.perm.domain:
+                self._new_pass()
+            idx = self.perm.block(self._j, self._j + CHUNK)
+            self._j += CHUNK
+            if len(idx):
+                idx *= self.seq_len
+                idx += self.offset
+                self._buf, self._k = memoryview(idx), 0
+                return
 
     def next(self) -> np.ndarray:
-        if self.pos >= len(self.order):
-            self._new_pass()
-        s = int(self.order[self.pos])
-        self.pos += 1
+        k = self._k
+        if k >= len(self._buf):
+            self._refill()
+            k = 0
+        s = self._buf[k]
+        self._k = k + 1
         return self.array[s : s + self.seq_len + 1]
+
+    def __getstate__(self):  # a memoryview does not pickle
+        return {**self.__dict__, "_buf": np.asarray(self._buf)}
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state, _buf=memoryview(state["_buf"]))

@@ -264,6 +264,93 @@ def test_common_streams_walk_a_cluster_without_repeats_within_a_pass(labelled_st
     assert len({st % 16 for st in starts}) == 1  # one offset per pass: non-overlapping windows
 
 
+class _LongCluster:
+    """A cluster of ``n`` tokens without the tokens: a window is filled with its start (as int64)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        return np.full(key.stop - key.start, key.start, dtype=np.int64)
+
+
+def _pass_starts(stream, windows: int) -> list[int]:
+    return [int(stream.next()[0]) for _ in range(windows)]
+
+
+@pytest.mark.parametrize("count", [1, 2, 7, 64, 1000, 4097])
+def test_a_pass_visits_every_window_once(count):
+    from proxies.sampler import CHUNK, FeistelPermutation, _WindowStream
+    # seq_len 1 leaves no room for an offset: the windows start at 0 .. count-1
+    stream = _WindowStream(np.arange(count + 1), 1, (5, 2))
+    first, second = _pass_starts(stream, count), _pass_starts(stream, count)
+    assert sorted(first) == sorted(second) == list(range(count))  # two passes, each a permutation
+    if count >= 64:
+        assert first != second  # a fresh order each pass
+    # the network is a bijection of its power-of-two domain, and its blocks (4097: several) one of range(count)
+    perm = FeistelPermutation(count, np.random.default_rng(count).integers(0, 2**64, size=4, dtype=np.uint64))
+    assert perm.domain // 2 < count <= perm.domain
+    assert np.array_equal(np.sort(perm.network(np.arange(perm.domain, dtype=np.uint64))),
+                          np.arange(perm.domain, dtype=np.uint64))
+    values = np.concatenate([perm.block(j, j + CHUNK) for j in range(0, perm.domain, CHUNK)])
+    assert np.array_equal(np.sort(values), np.arange(count))
+
+
+def test_window_streams_are_seeded_by_seed_and_cluster():
+    import pickle
+
+    from proxies.sampler import _WindowStream
+    arr = np.arange(100_000)
+    draws = {key: _pass_starts(_WindowStream(arr, 16, key), 50) for key in [(1, 0), (1, 0), (2, 0), (1, 1)]}
+    np.random.seed(123)  # global state plays no part
+    assert _pass_starts(_WindowStream(arr, 16, (1, 0)), 50) == draws[(1, 0)]
+    assert len({tuple(v) for v in draws.values()}) == 3  # (1, 0) twice alike; another seed or cluster differs
+    assert sorted(draws[(2, 0)]) != sorted(draws[(1, 0)])
+    # a stream (mid-chunk) carries on alike after a pickle round trip
+    s = _WindowStream(arr, 16, (1, 0))
+    _pass_starts(s, 7)
+    again = pickle.loads(pickle.dumps(s))
+    assert _pass_starts(again, 3000) == _pass_starts(s, 3000)
+
+
+def test_a_window_stream_holds_o1_memory_whatever_the_cluster_size():
+    """10**13 tokens (6e11 windows): a materialised order would take 5 TB; the stream takes
+    its first windows at once, holding at most CHUNK starts."""
+    import time
+    import tracemalloc
+
+    from proxies.sampler import CHUNK, _WindowStream
+    tracemalloc.start()
+    try:
+        t = time.perf_counter()
+        stream = _WindowStream(_LongCluster(10**13), 16, (0, 0))
+        starts = _pass_starts(stream, 3 * CHUNK)
+        took, peak = time.perf_counter() - t, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert stream.perm.count > 6 * 10**11 and took < 5 and peak < 2**20
+    assert len(set(starts)) == len(starts) and len({s % 16 for s in starts}) == 1
+    assert all(0 <= s <= 10**13 - 17 for s in starts)
+    # no attribute of the stream or of its order grows with count
+    held = [v for obj in (stream, stream.perm) for v in vars(obj).values() if hasattr(v, "__len__")]
+    assert max(len(v) for v in held if v is not stream.array) <= CHUNK
+
+
+def test_a_window_streams_order_is_not_sequential():
+    from proxies.sampler import _WindowStream
+    count = 10**6
+    pos = np.array(_pass_starts(_WindowStream(np.arange(count + 1), 1, (0, 7)), 1000))
+    rank = np.argsort(np.argsort(pos))
+    spearman = np.corrcoef(np.arange(1000), rank)[0, 1]
+    assert abs(spearman) < 0.15, spearman  # a random order: sd 1/sqrt(999) ~ 0.03
+    # the first 1000 windows spread over the whole cluster: ~100 in each tenth
+    assert np.bincount(pos * 10 // count, minlength=10).min() > 50
+    assert np.median(np.abs(np.diff(pos))) > count / 10  # consecutive draws are far apart
+
+
 def test_long_texts_encode_in_pieces_to_the_same_ids(tok):
     """Pieces cut before a single space give the whole text's ids, whatever the whitespace."""
     from proxies.tokenizer import encode_arrays, split_long
