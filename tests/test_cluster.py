@@ -394,3 +394,64 @@ def test_assign_is_exact_at_near_ties_and_the_same_whatever_the_threads():
     np.testing.assert_array_equal(l1, l2)
     np.testing.assert_array_equal(d1, d2)
     np.testing.assert_allclose(d1, full[np.arange(len(x)), want], rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- embed.store_dtype
+
+def test_float16_embeddings_half_the_disk_same_clusters(tmp_path, corpus, fake_model):
+    """embed.store_dtype="float16": half the bytes per embedding, and k-means (computed in float32)
+    on them gives the float32 run's clusters. k=16 on three vocabularies splits each vocabulary
+    along arbitrary boundaries, so a rounding that moved documents would show here."""
+    import climb.stages.cluster
+    import climb.stages.embed
+    runs = {}
+    for dt in ("float32", "float16"):
+        base = _cfg(corpus, k=16, merge_to=3)
+        cfg = dataclasses.replace(base, embed=dataclasses.replace(base.embed, store_dtype=dt))
+        runs[dt] = (tmp_path / dt, cfg, _run(tmp_path / dt, cfg))
+    (r32, _, _), (r16, cfg16, _) = runs["float32"], runs["float16"]
+    e32, e16 = _embeddings(r32), _embeddings(r16)
+    assert e32.dtype == np.float32 and e16.dtype == np.float16
+    np.testing.assert_allclose(e16.astype(np.float32), e32, atol=5e-4)  # half precision of unit vectors
+    for s in range(SHARDS):
+        f32, f16 = (r / "embed" / f"part-{s:05d}.npy" for r in (r32, r16))
+        assert np.load(f16).nbytes * 2 == np.load(f32).nbytes
+        assert f16.stat().st_size <= f32.stat().st_size / 2 + 128  # .npy header: up to 128 bytes each
+    a32, a16 = _assignments(r32), _assignments(r16)
+    assert a32["id"].tolist() == a16["id"].tolist()
+    fine_moved = int((a32["fine"] != a16["fine"]).sum())
+    cluster_moved = int((a32["cluster"] != a16["cluster"]).sum())
+    assert (fine_moved, cluster_moved) == (0, 0), f"{fine_moved} fine, {cluster_moved} cluster of {len(a32['id'])}"
+    np.testing.assert_allclose(a16["distance"], a32["distance"], atol=2e-3)
+    # The stage's key holds the setting: switching it in one run folder embeds every shard
+    # again (no folder mixes float32 and float16 shards), and the cluster stage runs again.
+    cfg32 = runs["float32"][1]
+    assert climb.stages.embed.key(cfg32, RunPaths(r16)) != climb.stages.embed.key(cfg16, RunPaths(r16))
+    seen = fake_model.texts_seen
+    stats = climb.stages.embed.run(cfg32, RunPaths(r16))
+    assert "skipped_stage" not in stats and stats["store_dtype"] == "float32"
+    assert fake_model.texts_seen - seen == 3 * PER_VOCAB
+    assert {np.load(p, mmap_mode="r").dtype for p in (r16 / "embed").glob("*.npy")} == {np.dtype(np.float32)}
+    assert "skipped_stage" not in climb.stages.cluster.run(cfg32, RunPaths(r16))
+
+
+def test_float16_shard_left_by_another_setting_is_embedded_again(tmp_path, corpus, fake_model):
+    """Even where a stage's folder kept a shard of the other element type, the shard is not resumed."""
+    from climb.stages.embed import EmbedTask, embed_shard
+    cfg = _cfg(corpus)
+    out = tmp_path / "embed"
+    out.mkdir()
+    f16 = dataclasses.replace(cfg.embed, store_dtype="float16")
+    task = EmbedTask(path=str(corpus["files"][0]), out_dir=str(out), corpus=cfg.corpus, embed=f16)
+    assert embed_shard(task)["resumed"] is False
+    assert embed_shard(task)["resumed"] is True
+    again = embed_shard(dataclasses.replace(task, embed=cfg.embed))
+    assert again["resumed"] is False
+    assert np.load(out / "part-00000.npy").dtype == np.float32
+
+
+def test_store_dtype_is_checked():
+    from climb.config import ConfigError, load_config
+    assert load_config(None, ['embed.store_dtype="float16"']).embed.store_dtype == "float16"
+    with pytest.raises(ConfigError, match="store_dtype"):
+        load_config(None, ['embed.store_dtype="bf16"'])

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from climb.config.schema import (EMBED_BACKENDS, SEARCH_ACQUISITIONS, SEARCH_FINALS, TRACK_BACKENDS, ConfigError,
-                                 ProxyConfig, RunConfig, from_dict, to_dict)
+from climb.config.schema import (EMBED_BACKENDS, EMBED_STORE_DTYPES, SEARCH_ACQUISITIONS, SEARCH_FINALS,
+                                 TRACK_BACKENDS, ConfigError, ProxyConfig, RunConfig, from_dict, to_dict)
 from proxies.config import ConfigFieldError
 
 
@@ -33,6 +33,10 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.embed.backend not in EMBED_BACKENDS:
         raise ConfigError(f"embed.backend must be one of {', '.join(map(repr, EMBED_BACKENDS))}, got "
                           f"{cfg.embed.backend!r} (\"auto\": OpenVINO on a CPU, torch on a GPU)")
+    if cfg.embed.store_dtype not in EMBED_STORE_DTYPES:
+        raise ConfigError(f"embed.store_dtype (the embedding files' element type) must be one of "
+                          f"{', '.join(map(repr, EMBED_STORE_DTYPES))}, got {cfg.embed.store_dtype!r} "
+                          "(the model's own precision is embed.dtype: auto, fp32, fp16, bf16)")
     if cfg.embed.tune_sample < 100:
         raise ConfigError(f"embed.tune_sample must be at least 100 documents (the \"tuned\" student learns from "
                           f"them), got {cfg.embed.tune_sample}")

@@ -60,7 +60,8 @@ class EmbedOutputs:
     dir: Path
 
     def vectors(self, shard: str) -> Path:
-        """float32 [docs, dim], L2-normalised, in corpus order (empty documents skipped)."""
+        """[docs, dim], L2-normalised, in corpus order (empty documents skipped); float32 or
+        float16 (`embed.store_dtype`): readers cast to float32."""
         return self.dir / f"{shard}.npy"
 
     def ids(self, shard: str) -> Path:

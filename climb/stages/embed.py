@@ -2,7 +2,8 @@
 
 Each corpus file is one task: its documents are read in order (empty ones
 skipped and counted), embedded with a sentence-transformers model and written
-as `embed/<shard>.npy` (float32, [docs, dim]) with `embed/<shard>.ids.parquet`
+as `embed/<shard>.npy` ([docs, dim], of `embed.store_dtype`: float32, or float16 for
+half the disk; readers compute in float32) with `embed/<shard>.ids.parquet`
 (id, bytes), written last. A shard whose ids file exists is not embedded again,
 so a killed run resumes shard by shard.
 
@@ -133,7 +134,10 @@ def embed_shard(task: EmbedTask) -> dict:
 
         import pyarrow.parquet as pq
         meta = pq.read_metadata(ids_file).metadata or {}
-        if not task.source or json.loads(meta.get(b"source", b"[]")) == list(task.source):
+        if _stored_dtype(npy) != np.dtype(ecfg.store_dtype):
+            log.info("embed %s: stored as %s, embed.store_dtype is %s; embedding it again", name,
+                     _stored_dtype(npy), ecfg.store_dtype)
+        elif not task.source or json.loads(meta.get(b"source", b"[]")) == list(task.source):
             return {"shard": name, "docs": pq.read_metadata(ids_file).num_rows, "resumed": True,
                     "skipped": {k.decode()[len("skipped."):]: int(v) for k, v in meta.items()
                                 if k.startswith(b"skipped.")}}
@@ -160,7 +164,8 @@ def embed_shard(task: EmbedTask) -> dict:
     # sentence-transformers 6 renamed the method; older releases only have the old name.
     dim = (getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension)()
     emb = np.concatenate(chunks) if chunks else np.zeros((0, dim), np.float32)
-    write_npy(npy, emb)
+    # Cast only here: the model's output (float32) is what is normalised and checked.
+    write_npy(npy, emb.astype(ecfg.store_dtype, copy=False))
     table = pa.table({"id": pa.array(ids, pa.string()), "bytes": pa.array(nbytes, pa.int64())})
     import json
     meta = {f"skipped.{k}": str(v) for k, v in skip.items()}
@@ -174,12 +179,22 @@ def embed_shard(task: EmbedTask) -> dict:
             "backend": getattr(model, "climb_backend", "")}
 
 
+def _stored_dtype(npy: Path) -> np.dtype | None:
+    """The element type of an embedding file (its header only); None where it is unreadable."""
+    try:
+        return np.load(npy, mmap_mode="r").dtype
+    except (OSError, ValueError, EOFError):
+        return None
+
+
 def _damaged(path: Path, e: Exception) -> InputError:
     return InputError(f"{path}: cannot read this embedding shard ({e}); run `climb embed` (same --config and "
                       "--run) to re-create it")
 
 
 def load_embeddings(paths: RunPaths, names: list[str], mmap: bool = True) -> list[np.ndarray]:
+    """Each shard's embeddings as stored (float32 or float16, `embed.store_dtype`), memory-mapped
+    unless `mmap` is false: a reader casts the rows it uses to float32 before computing."""
     out = []
     for n in names:
         path = paths.embed.vectors(n)
@@ -289,6 +304,7 @@ def _embed(cfg: RunConfig, paths: RunPaths, files: list[Path | str], folder: Pat
     stats = {"docs": docs, "shards": [r["shard"] for r in results], "skipped": dict(skip),
              "docs_per_s": round(fresh / max(secs, 1e-9), 1) if fresh else None, "resumed_shards": resumed,
              "device": resolve_device(cfg.embed.device), "dtype": precision(cfg)[1], "model": cfg.embed.model,
+             "store_dtype": cfg.embed.store_dtype,
              "backend": sorted({r["backend"] for r in results if r.get("backend")})}
     if student_info:
         stats["student"] = student_info
