@@ -378,6 +378,8 @@ class ExportConfig:
     # end-of-document token). Nothing is downloaded.
     tokenizer: str = ""
     rows_per_shard: int = 50_000
+    # The order a cluster's last, partial epoch takes documents in (a hash of the seed
+    # and each document's id: climb.stages.export_plan.doc_keys), and the rows' shuffle.
     seed: int = 0
     # A document longer than what its cluster still needs: "truncate" cuts it to
     # fit (no cluster exceeds its share); "skip" passes it over for shorter ones

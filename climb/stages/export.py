@@ -6,9 +6,11 @@ Documents are chosen per cluster in proportion to the final weights up to a
 token budget, counted in the unit `export.tokenizer` names (climb.stages.export_units:
 by default the proxies' tokens, EOS included; or a trainer's tokenizer.json or
 installed model, or UTF-8 bytes; every document counts its true length): each
-cluster's documents are taken in a seeded random order without replacement
-until the cluster runs dry, then again in the same order
-(epoch 2, 3, ...) up to `search.epoch_cap` epochs. No cluster exceeds its
+cluster's documents are taken without replacement until the cluster runs dry,
+then again (epoch 2, 3, ...) up to `search.epoch_cap` epochs, the last, partial
+epoch in a seeded order (a hash of `export.seed` and each document's id), planned
+one corpus shard at a time in memory that does not grow with the corpus
+(climb.stages.export_plan). No cluster exceeds its
 share, however long its documents: the document that would cross it is cut to
 fit (`export.long_docs = "truncate"`), or passed over for shorter ones
 ("skip"). A cluster whose share would need more than its cap, or that runs
@@ -66,9 +68,9 @@ from climb.io.files import (InputError, is_url, join, read_aligned, read_json, s
                             write_parquet, write_text)
 from climb.io.mixture import check_weights
 from climb.runtime.stage import RunPaths, execute, upstream_key
-from climb.stages import export_megatron, export_units
+from climb.stages import export_megatron, export_plan, export_units
 from climb.stages.export_plan import (  # noqa: F401
-    _plan, budget_for, cluster_rows, counts_file, row_probabilities, select,
+    _plan, budget_for, cluster_rows, counts_file, doc_keys, plan_shards, row_probabilities, select,
 )
 from climb.stages.export_publish import (_previous_outputs, _publish, check_destination,  # noqa: F401
                                          damaged_destination, destination)
@@ -241,7 +243,7 @@ def truncate(text: str, keep: int, tok) -> str:
 
 def key(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> str:
     return digest(upstream_key(paths, "tokenize"), upstream_key(paths, "search"), cfg.export, cfg.search.epoch_cap,
-                  weights, export_units.key(cfg.export.tokenizer))
+                  weights, export_units.key(cfg.export.tokenizer), export_plan.ORDER)
 
 
 def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> dict:
@@ -332,15 +334,11 @@ def _count(cfg: RunConfig, paths: RunPaths, ex, trainer: dict | bool = False) ->
 
 def _shard_tasks(cfg: RunConfig, paths: RunPaths, plan: dict, dest: str | None,
                  trainer: dict | bool = False) -> list[ExportTask]:
-    """One task per corpus shard, its part of the plan saved under export/plan/."""
+    """One task per corpus shard, reading its part of the plan (saved under export/plan/ by `_plan`)."""
     out, files = paths.export, paths.shard_files(cfg)
-    tasks, start = [], 0
-    for i, (s, cl) in enumerate(zip(plan["shards"], plan["shard_clusters"])):
+    tasks = []
+    for i, s in enumerate(plan["shards"]):
         copies_file, clusters_file, cut_file = out.plan(s)
-        copies_file.parent.mkdir(parents=True, exist_ok=True)
-        np.save(copies_file, plan["copies"][start:start + len(cl)])
-        np.save(clusters_file, cl)
-        np.save(cut_file, plan["cut"][start:start + len(cl)])
         tasks.append(ExportTask(shard=s, path=str(files[s]), corpus=cfg.corpus, copies=str(copies_file),
                                 clusters=str(clusters_file), cut=str(cut_file), tokenizer=str(paths.tokenize.tokenizer),
                                 units=cfg.export.tokenizer, dest=dest or str(out.dir),
@@ -351,7 +349,6 @@ def _shard_tasks(cfg: RunConfig, paths: RunPaths, plan: dict, dest: str | None,
                                                                                     cfg.export.tokenizer))),
                                     "eod": trainer["eod"], "dtype": trainer["dtype"],
                                     "parts": str(out.dir / "megatron-parts")} if trainer else {})))
-        start += len(cl)
     return tasks
 
 
@@ -384,15 +381,15 @@ def _blend_files(w: np.ndarray, real_w: np.ndarray, plan: dict, by_cluster: dict
 
 def _stats(cfg: RunConfig, w: np.ndarray, real_w: np.ndarray, plan: dict, by_cluster: dict, dest: str | None) -> dict:
     """The stage's stats, with a warning for each way the realised mixture falls short of the one asked for."""
-    clusters, copies, cut = plan["selection"]["clusters"], plan["copies"], plan["cut"]
+    clusters = plan["selection"]["clusters"]
     total = int(sum(c["tokens"] for c in clusters))
     capped = [c["cluster"] for c in clusters if c["capped"]]
     short = {c["cluster"]: c["shortfall"] for c in clusters if c["shortfall"]}
     off = {c: [round(float(w[c]), 4), round(float(real_w[c]), 4)] for c in range(len(w))
            if abs(real_w[c] - w[c]) > cfg.export.weight_tolerance}
-    stats = {"docs": int((copies > 0).sum()), "rows": int(copies.sum()), "tokens": total, "budget": plan["budget"],
+    stats = {"docs": plan["docs"], "rows": int(cluster_rows(plan).sum()), "tokens": total, "budget": plan["budget"],
              "capped_clusters": capped, "max_abs_weight_error": float(np.abs(real_w - w).max()),
-             "weights_off": off, "truncated_docs": int((cut > 0).sum()), "shortfall": short,
+             "weights_off": off, "truncated_docs": plan["truncated"], "shortfall": short,
              "files": sum(len(v) for v in by_cluster.values())}
     if cfg.export.tokenizer:
         stats["unit"] = cfg.export.tokenizer
