@@ -21,6 +21,12 @@ each of which lowers the noise of a proxy's score (BENCHMARKS.md, proxy noise):
   mixture, not the draw. ``common=False`` draws a uniformly random window from
   one generator.
 
+Windows come from the first ``read_cap`` tokens of each cluster (``TokenStore.head``: a
+representative part of the cluster, every shard in proportion; 0: all the store holds).
+Set it to the most tokens one run can draw from a cluster, steps * batch_size *
+(seq_len + 1): a store capped at that, at more, or not capped at all then gives the same
+batches, step for step, so a store need hold no more (climb's ``tokenize.cap``).
+
 All randomness comes from numpy Generators seeded by ``seed``, so a sampler is
 reproducible and independent of global RNG state.
 
@@ -28,10 +34,10 @@ Usage::
 
     from proxies.sampler import MixtureSampler
     sampler = MixtureSampler(TokenStore("runs/x/tokens"), weights, seq_len=128,
-                             batch_size=16, seed=0, device="cuda")
+                             batch_size=16, seed=0, device="cuda", read_cap=300 * 16 * 129)
     x, y = sampler.next_batch()      # int64 [16, 128] on the device
 
-Tested by ``pytest tests/test_proxies_data.py``.
+Tested by ``pytest tests/test_proxies_data.py tests/test_capped_store.py``.
 """
 
 from __future__ import annotations
@@ -91,9 +97,12 @@ class MixtureSampler:
         device: str | torch.device = "cpu",
         exact: bool = False,
         common: bool = False,
+        read_cap: int = 0,
     ) -> None:
         if seq_len <= 0 or batch_size <= 0:
             raise ValueError(f"seq_len and batch_size must be positive, got {seq_len}, {batch_size}")
+        if read_cap < 0:
+            raise ValueError(f"read_cap must be >= 0 (0: every token the store holds), got {read_cap}")
         self.store = store
         self.weights = validate_weights(weights, store, seq_len)
         self.seq_len = int(seq_len)
@@ -105,10 +114,16 @@ class MixtureSampler:
         self._p = self.weights[self._active]
         # On a CPU windows are read from the files (pread), so a proxy's memory does not grow with
         # the store's pages it touched; a GPU's sampler keeps the maps (many windows a step).
-        read = store.array if self.device.type == "cuda" else store.reader
-        self._arrays = {int(c): read(int(c)) for c in self._active}
+        # Only each cluster's first read_cap tokens (of its representative order) are read.
+        self.read_cap = int(read_cap)
+        mapped = self.device.type == "cuda"
+        self._arrays = {int(c): store.head(int(c), self.read_cap, mapped=mapped) for c in self._active}
+        short = [int(c) for c in self._active if len(self._arrays[int(c)]) < self.seq_len + 1]
+        if short:
+            raise ValueError(f"clusters {short} hold fewer than seq_len+1={self.seq_len + 1} tokens in {store.path} "
+                             f"(capped at {store.cap} a cluster); build the store with a larger cap")
         # Valid window starts are 0 .. n - seq_len - 1 inclusive.
-        self._n_starts = np.array([store.tokens[c] - self.seq_len for c in self._active], dtype=np.int64)
+        self._n_starts = np.array([len(self._arrays[int(c)]) - self.seq_len for c in self._active], dtype=np.int64)
         self._pin = self.device.type == "cuda"
         self.exact, self.common = bool(exact), bool(common)
         self._taken = np.zeros(len(self._active), dtype=np.float64)  # rows given to each active cluster

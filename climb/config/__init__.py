@@ -9,5 +9,5 @@ from climb.config.schema import (EMBED_BACKENDS, EMBED_STORE_DTYPES, OPTIONAL, S
                                  SEARCH_FINALS, SEARCH_PREDICTORS, STAGES, TRACK_BACKENDS, ClusterConfig, ConfigError,
                                  CorpusConfig, DedupConfig,
                                  EmbedConfig, ExecutorConfig, ExportConfig, ProxyConfig, RunConfig, SearchConfig,
-                                 TargetConfig, TrackConfig, ValidateConfig, apply_overrides, digest, from_dict,
-                                 to_dict, to_toml, without)
+                                 TargetConfig, TokenizeConfig, TrackConfig, ValidateConfig, apply_overrides, digest,
+                                 from_dict, to_dict, to_toml, without)

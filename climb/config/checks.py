@@ -122,6 +122,7 @@ def check_config(cfg: RunConfig) -> None:
         raise ConfigError("search.final_top_k > 1 averages mixtures, which leaves the candidate set "
                           "search.candidates; use 1")
     _check_validate(cfg)
+    _check_tokenize(cfg)
     _check_track(cfg)
 
 
@@ -157,6 +158,37 @@ def _check_model(proxy_cfg: ProxyConfig, where: str, note: str = "") -> None:
         proxy_cfg.train_config()
     except ConfigFieldError as e:
         raise ConfigError(f"{where}.{e.field} {e.problem}{note}") from None
+
+
+def tokens_read(cfg: RunConfig) -> int:
+    """The most tokens any model that trains on the token store reads from one cluster: a proxy's
+    (the search's proxies, experts, a shared base and its continuations all train with [proxy]'s
+    steps, batch_size and seq_len: ProxyConfig.read_cap) or, when validate.enabled, the validation
+    model's if more (not an external trainer's: it reads its own data)."""
+    figure = cfg.proxy.read_cap()
+    if cfg.validate.enabled:
+        m = validation_model(cfg)
+        if not m.command:
+            figure = max(figure, m.read_cap())
+    return figure
+
+
+def token_cap(cfg: RunConfig) -> int:
+    """tokenize.cap resolved: the tokens of each cluster the token store keeps (0: all)."""
+    return tokens_read(cfg) if cfg.tokenize.cap == "auto" else int(cfg.tokenize.cap)
+
+
+def _check_tokenize(cfg: RunConfig) -> None:
+    cap = cfg.tokenize.cap
+    if cap != "auto" and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
+        raise ConfigError(f'tokenize.cap must be "auto" (the most tokens a proxy reads from one cluster), 0 (no '
+                          f"cap) or a number of tokens, got {cap!r}")
+    need = tokens_read(cfg)
+    if cap != "auto" and 0 < cap < need:
+        raise ConfigError(f"tokenize.cap = {cap} is below the {need} tokens a model reads from one cluster "
+                          f"(steps x batch_size x (seq_len + 1) of [proxy], or of the validation model when "
+                          f"validate.enabled): its proxies would see a smaller part of each large cluster than "
+                          f'an uncapped store gives them; raise it to at least {need}, or use "auto" or 0')
 
 
 def _check_validate(cfg: RunConfig) -> None:

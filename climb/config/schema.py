@@ -145,6 +145,20 @@ class DedupConfig:
 
 
 @dataclass(frozen=True)
+class TokenizeConfig:
+    # The token store keeps at most this many tokens of each cluster: "auto" (the default)
+    # the most that any model training on the store reads from one cluster: steps x batch_size
+    # x (seq_len + 1) of [proxy] (search proxies, experts, a shared base and its continuations),
+    # or of the validation model when validate.enabled if that is more; 0 keeps every token; or
+    # a number of tokens (at least the "auto" figure). A capped cluster file holds a
+    # representative part of the cluster (each shard in proportion to its tokens), and the
+    # proxies train on exactly the batches an uncapped store would give them; the clusters'
+    # sizes (natural mixture, epoch cap, reports, export) still count every token. A change
+    # tokenizes again (under "auto", so does a change of those proxy or validate settings).
+    cap: int | str = "auto"
+
+
+@dataclass(frozen=True)
 class ProxyConfig:
     # Tokenizer: "" trains a byte-level BPE on the corpus; or a tokenizer.json path.
     tokenizer: str = ""
@@ -207,6 +221,12 @@ class ProxyConfig:
     lookup: str = ""
     lookup_weights: str = ""
     lookup_key: str = "index"
+
+    def read_cap(self) -> int:
+        """The most tokens one run of this model draws from one cluster, every row of every step
+        drawn from it: steps x batch_size x (seq_len + 1). Its sampler reads no more of a cluster
+        (proxies.sampler's read_cap), so a token store need not keep more."""
+        return self.steps * self.batch_size * (self.seq_len + 1)
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The proxy model's settings for a tokenizer of `vocab_size` tokens (its own
@@ -464,6 +484,7 @@ class RunConfig:
     embed: EmbedConfig = field(default_factory=EmbedConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
+    tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     target: TargetConfig = field(default_factory=TargetConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
@@ -555,7 +576,7 @@ def to_toml(cfg: RunConfig) -> str:
 # what climb did before it existed, so there it enters no key, and an older run folder's
 # stages keep theirs.
 ADDED_FIELDS = {
-    "RunConfig": ("dedup",),
+    "RunConfig": ("dedup", "tokenize"),
     "EmbedConfig": ("tune_sample", "store_dtype"),
     "ClusterConfig": ("refit",),
     "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens"),

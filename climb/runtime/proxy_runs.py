@@ -72,6 +72,10 @@ class ProxyTask:
     base_steps: int = 0
     # Also save the trained model's weights here (a state dict), e.g. to merge later.
     save_model: str = ""
+    # Built-in trainer: each cluster's first tokens its windows come from (proxies.sampler's
+    # read_cap): the run's [proxy] read cap, also for experts and a base, which train fewer of its
+    # steps, so every run of one seed walks a cluster alike; 0: this task's proxy's own.
+    read_cap: int = 0
 
 
 def _resources(tokens_dir: Path):
@@ -196,12 +200,16 @@ def proxy_configs(proxy_cfg: ProxyConfig, tok):
 CONTINUE_SEED = 2**32
 
 
-def _sampler(store, weights, proxy_cfg: ProxyConfig, seed: int, device: str, where: str, base: dict | None = None):
+def _sampler(store, weights, proxy_cfg: ProxyConfig, seed: int, device: str, where: str, base: dict | None = None,
+             read_cap: int = 0):
     """The task's sampler; continuing a base, one that starts after the base's batches."""
     from proxies.sampler import MixtureSampler, SwitchSampler
     w = check_weights(weights, store.n_clusters, where, tol=None)
+    # Windows from each cluster's first read_cap tokens only (all a run can draw): the same batches
+    # from a store capped there (tokenize.cap), capped higher, or not capped.
     s = MixtureSampler(store, w, proxy_cfg.seq_len, proxy_cfg.batch_size, seed=seed + (CONTINUE_SEED if base else 0),
-                       device=device, exact=proxy_cfg.exact_batches, common=proxy_cfg.common_streams)
+                       device=device, exact=proxy_cfg.exact_batches, common=proxy_cfg.common_streams,
+                       read_cap=read_cap or proxy_cfg.read_cap())
     return s if base is None else SwitchSampler(None, s, int(base["step"]))  # one micro-batch a step
 
 
@@ -235,7 +243,8 @@ def _builtin_stacked(tasks: list[ProxyTask]) -> list:
     base = load_base(tasks[0].base) if tasks[0].base else None
     samplers = []
     for t in tasks:
-        samplers.append(_sampler(store, t.weights, proxy_cfg, t.seed, device, f"proxy {t.mixture_id}", base))
+        samplers.append(_sampler(store, t.weights, proxy_cfg, t.seed, device, f"proxy {t.mixture_id}", base,
+                                 t.read_cap))
     mcfg, tcfg = proxy_configs(proxy_cfg, tok)
     # A stacked model of n proxies may take as long as n proxies one after another.
     trained = train_stacked(mcfg, tcfg, samplers, seeds=[t.seed for t in tasks], device=device,
@@ -264,7 +273,8 @@ def _builtin(task: ProxyTask, deadline: float | None = None) -> tuple[dict, int,
     base = load_base(task.base) if task.base else None
     if base is not None and (task.stop_at or task.checkpoint):
         raise ValueError(f"proxy {task.mixture_id}: a continued base cannot also pause at a rung")
-    sampler = _sampler(store, task.weights, proxy_cfg, task.seed, device, f"proxy {task.mixture_id}", base)
+    sampler = _sampler(store, task.weights, proxy_cfg, task.seed, device, f"proxy {task.mixture_id}", base,
+                       task.read_cap)
     mcfg, tcfg = proxy_configs(proxy_cfg, tok)
     ckpt = Path(task.checkpoint) if task.checkpoint else None
     resume = None

@@ -76,6 +76,8 @@ def contaminated_docs(arr: np.ndarray, targets: np.ndarray, n: int,
             if p < len(own) and not (chunk[p:p + n] == eos).any():
                 hits.append(a + int(p))
     ends = np.concatenate(ends) if ends else np.zeros(0, np.int64)
+    if len(arr) and int(arr[-1]) != eos:  # a document cut short (a capped store's share of a shard ends in it)
+        ends = np.r_[ends, len(arr) - 1]
     lengths = np.diff(np.r_[-1, ends]).astype(np.int64)
     if not hits:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), lengths
@@ -88,18 +90,48 @@ def contaminated_docs(arr: np.ndarray, targets: np.ndarray, n: int,
 def scan_store(store, targets: np.ndarray, n: int, eos: int, tok, id_of, examples: int = 3) -> dict:
     """Every cluster of a token store scanned (`contaminated_docs`): per cluster the documents
     and their tokens contaminated, and a few examples (the document's id, `id_of(cluster,
-    indices)`, and the matching text)."""
+    indices)`, and the matching text). A capped store (tokenize.cap) is scanned where it holds a
+    cluster, a representative part: `cluster_docs` and `cluster_tokens` count what was scanned,
+    so `tokens / cluster_tokens` is the contaminated share either way."""
     per = []
+    first_docs = _first_docs(store)
     for c in range(store.n_clusters):
         arr = store.array(c)
-        docs, pos, lengths = contaminated_docs(arr, targets, n, eos)
+        if store.stored[c] == store.tokens[c]:  # every document whole, in merge order
+            docs, pos, lengths = contaminated_docs(arr, targets, n, eos)
+            bad, scanned = int(lengths[docs].sum()) if len(docs) else 0, len(lengths)
+        else:  # each shard's share: its first documents, the last one cut short
+            docs, pos, bad, scanned = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], 0, 0
+            for shard, a, m, _ in store.pieces(c):
+                if m:
+                    d, p, ln = contaminated_docs(arr[a:a + m], targets, n, eos)
+                    docs.append(d + first_docs[shard].get(c, 0))  # the cluster's document order, as doc_ids counts
+                    pos.append(p + a)
+                    bad, scanned = bad + int(ln[d].sum()), scanned + len(ln)
+            docs, pos = np.concatenate(docs), np.concatenate(pos)
         ids = id_of(c, docs[:examples]) if len(docs) else []
-        per.append({"cluster": c, "docs": int(len(docs)), "cluster_docs": int(len(lengths)),
-                    "tokens": int(lengths[docs].sum()) if len(docs) else 0, "cluster_tokens": int(len(arr)),
+        per.append({"cluster": c, "docs": int(len(docs)), "cluster_docs": int(scanned),
+                    "tokens": bad, "cluster_tokens": int(len(arr)),
                     "examples": [{"id": i, "text": tok.decode([int(t) for t in arr[p:p + n]])}
                                  for i, p in zip(ids, pos[:examples])]})
     return {"ngram": n, "target_ngrams": int(len(targets)), "clusters": per,
             "docs": sum(p["docs"] for p in per), "tokens": sum(p["tokens"] for p in per)}
+
+
+def _first_docs(store) -> dict:
+    """{shard: {cluster: documents of the cluster in the shards before it}} (a capped store's
+    pieces begin there in the cluster's document order, which `doc_ids` counts in), from the
+    parts' done.json; {} for a store that is not capped."""
+    import json
+    if not store.cap:
+        return {}
+    out, seen = {}, {}
+    for shard in store.index["shards"]:
+        out[shard] = dict(seen)
+        done = store.path / "parts" / shard / "done.json"
+        for c, k in json.loads(done.read_text()).get("docs_per_cluster", {}).items():
+            seen[int(c)] = seen.get(int(c), 0) + int(k)
+    return out
 
 
 def check(cfg, paths) -> dict | None:

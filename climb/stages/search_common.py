@@ -99,10 +99,12 @@ def proxy_task(cfg: RunConfig, paths: RunPaths, mixture_id: str, it: int, weight
     """What one proxy run needs (plain data, so it runs in-process or on a Dask worker): the
     mixture, the seed, the run's token store, the proxy and target configs, and optionally
     held-out evaluations (a TargetConfig) scored beside the target, and the shared base it
-    continues (a checkpoint path; "" trains from scratch)."""
+    continues (a checkpoint path; "" trains from scratch). Its windows come from each cluster's
+    first cfg.proxy.read_cap() tokens, also where the task's own proxy trains fewer steps (an expert)."""
     return ProxyTask(mixture_id=mixture_id, iteration=it, weights=tuple(map(float, weights)), seed=seed,
                      tokens_dir=str(paths.tokenize.dir), run_dir=str(paths.root), proxy=cfg.proxy, target=cfg.target,
-                     heldout=heldout, base=base, base_steps=base_steps(cfg) if base else 0)
+                     heldout=heldout, base=base, base_steps=base_steps(cfg) if base else 0,
+                     read_cap=cfg.proxy.read_cap())
 
 
 def pool_size(cfg: RunConfig) -> int:

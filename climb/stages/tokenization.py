@@ -7,11 +7,18 @@ shard, into the shard's part of the token store, and the parts are merged into
 one token file per cluster (proxies.tokens). Outputs, under `<run>/tokenize/`:
 
 - `tokenizer.json`
-- `tokens/`: `cluster_XXXXX.bin` (token ids, EOS after each document),
-  `index.json` (tokens and bytes per cluster), and `parts/<shard>/`, whose
+- `tokens/`: `cluster_XXXXX.bin` (token ids, EOS after each document; at most
+  `tokenize.cap` of a cluster, a representative part of it: each shard in
+  proportion to its tokens, proxies.tokens), `index.json` (tokens, bytes and
+  documents per cluster, counted in full; the cap and the tokens stored), and
+  `parts/<shard>/`, whose
   `doc_tokens.npy` gives each kept document's token count (EOS included) in
   corpus order: the export sizes documents by it. The parts' own token files
   are deleted once the merge is complete (they would hold every token twice).
+
+The cap (`tokenize.cap`, "auto": steps x batch_size x (seq_len + 1) of the proxies,
+climb.config.checks.token_cap) is what a proxy can read of a cluster, so the proxies
+train on the same batches as from an uncapped store; it is part of the stage's key.
 
 A shard whose part is complete is not tokenised again, so a killed stage resumes
 shard by shard; a merged store found damaged later tokenises its shards again. When
@@ -53,6 +60,7 @@ class TokenizeTask:
     # length; a document holding one is left out of the store.
     ngrams: str = ""
     n: int = 0
+    cap: int = 0  # tokens of a cluster the part keeps (0: all); every document counted in full
 
 
 def tokenize_shard(task: TokenizeTask) -> dict:
@@ -93,7 +101,7 @@ def tokenize_shard(task: TokenizeTask) -> dict:
         texts = [t for t, k in zip(texts, keep) if k]
         cl = [c for c, k in zip(cl, keep) if k]
         kept_dup = [d for d, k in zip(kept_dup, keep) if k]
-    stats = write_shard_tokens(texts, np.asarray(cl, dtype=np.int64), tok, task.store, task.shard)
+    stats = write_shard_tokens(texts, np.asarray(cl, dtype=np.int64), tok, task.store, task.shard, cap=task.cap)
     if (stats.get("source") != task.source or "duplicate_tokens" not in stats
             or stats.get("decontaminated", []) != left_out):
         from climb.io.files import write_json
@@ -140,10 +148,13 @@ def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False) -> str:
 
 
 def _settings(cfg: RunConfig, given) -> list:
+    from climb.config.checks import token_cap
     proxy_cfg = cfg.proxy
+    cap = token_cap(cfg)
+    # The cap resolved (a change of the proxies' steps moves "auto"); none keys as before caps.
     return [cfg.corpus.text_column, cfg.corpus.id_column,
             {"tokenizer": proxy_cfg.tokenizer, "vocab_size": proxy_cfg.vocab_size,
-             "tokenizer_docs": proxy_cfg.tokenizer_docs}, given]
+             "tokenizer_docs": proxy_cfg.tokenizer_docs}, given, *([{"cap": cap}] if cap else [])]
 
 
 def resume_key(cfg: RunConfig, paths: RunPaths) -> str | None:
@@ -161,7 +172,8 @@ def resume_key(cfg: RunConfig, paths: RunPaths) -> str | None:
 
 
 def cluster_tokens(paths: RunPaths) -> np.ndarray:
-    """Tokens per cluster (int64) in the finished stage's store."""
+    """Tokens per cluster (int64) in the finished stage's store, every document counted (a capped
+    store's files hold fewer)."""
     from proxies.tokens import TokenStore
     return TokenStore(paths.tokenize.store).tokens.astype(np.int64)
 
@@ -176,9 +188,11 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
 
 
 def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
+    from climb.config.checks import token_cap
     from proxies.tokenizer import load_tokenizer, train_bpe
-    from proxies.tokens import TokenStore, drop_merged_parts, merge_token_stores, store_is_complete
+    from proxies.tokens import PartsNeeded, TokenStore, drop_merged_parts, merge_token_stores, store_is_complete
     out = paths.tokenize
+    cap = token_cap(cfg)
     if out.tokenizer.exists():
         tok = load_tokenizer(out.tokenizer)
     elif cfg.proxy.tokenizer:
@@ -194,16 +208,28 @@ def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         sources = {s: f"{src}:{file_digest(ngrams)}" for s, src in sources.items()}
     todo = _parts_to_tokenize(out.store, names, sources)
     index = out.store / "index.json"
-    merged = store_is_complete(out.store) and index.exists() and read_json(index).get("shards") == names
+    merged = (store_is_complete(out.store) and index.exists() and read_json(index).get("shards") == names
+              and int(read_json(index).get("cap", 0)) == cap)
     if todo or not merged:
         files = paths.shard_files(cfg)
-        tasks = [TokenizeTask(shard=s, path=str(files[s]), corpus=cfg.corpus, tokenizer=str(out.tokenizer),
-                              assignments=str(paths.cluster.assignments(s)), store=str(out.store),
-                              source=sources[s], ngrams=ngrams, n=cfg.target.contamination)
-                 for s in names if s in todo]
-        if tasks:
-            ex.map(tokenize_shard, tasks, desc="tokenize")
-        merge_token_stores(out.store, names, paths.n_clusters())
+
+        def tokenize(shards) -> None:
+            tasks = [TokenizeTask(shard=s, path=str(files[s]), corpus=cfg.corpus, tokenizer=str(out.tokenizer),
+                                  assignments=str(paths.cluster.assignments(s)), store=str(out.store),
+                                  source=sources[s], ngrams=ngrams, n=cfg.target.contamination, cap=cap)
+                     for s in names if s in shards]
+            if tasks:
+                ex.map(tokenize_shard, tasks, desc="tokenize")
+        tokenize(todo)
+        try:
+            merge_token_stores(out.store, names, paths.n_clusters(), cap=cap)
+        except PartsNeeded as e:
+            # A capped store merged again (a shard added, replaced or gone): a kept shard's share of a
+            # capped cluster grew past what the previous merge holds of it; its part is made again.
+            log.info("tokenize: %s", e)
+            todo = set(todo) | set(e.shards)
+            tokenize(e.shards)
+            merge_token_stores(out.store, names, paths.n_clusters(), cap=cap)
     # The parts' token files would hold every token a second time (half the folder at 1M documents).
     freed = drop_merged_parts(out.store, names)
     if freed:
@@ -214,8 +240,11 @@ def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     log.info("tokenize: %d tokens in %d clusters from %d shards (vocabulary %d)", int(store.tokens.sum()),
              len(store.tokens), len(names), vocab)
     left_out = _decontaminated(out.store, names) if ngrams else None
-    return {"tokens": int(store.tokens.sum()), "clusters": len(store.tokens), "shards": names, "vocab_size": vocab,
-            "tokenized_now": sorted(todo), **dups, **({"decontaminated": left_out} if left_out is not None else {})}
+    if cap:
+        log.info("tokenize: %d of them stored (at most %d a cluster: tokenize.cap)", int(store.stored.sum()), cap)
+    return {"tokens": int(store.tokens.sum()), "stored_tokens": int(store.stored.sum()), "cap": cap,
+            "clusters": len(store.tokens), "shards": names, "vocab_size": vocab, "tokenized_now": sorted(todo),
+            **dups, **({"decontaminated": left_out} if left_out is not None else {})}
 
 
 def _decontaminated(store: Path, names: list[str]) -> int:

@@ -145,6 +145,7 @@ def _validate(cfg: RunConfig, paths: RunPaths, model, ex) -> dict:
     total = sum(len(m["seeds"]) for m in p["mixtures"])
     log.info("validate: %d models of %d layers x %d wide, %d steps x %d x %d tokens (%d already done)",
              total, model.n_layer, model.n_embd, model.steps, model.batch_size, model.seq_len, total - len(todo))
+    _check_store_cap(paths, model)
     run_cfg = dataclasses.replace(cfg, proxy=model)
     tasks = [proxy_task(run_cfg, paths, m["name"], -3, m["weights"], s, heldout) for m, s in todo]
     run_proxies(run_cfg, ex, tasks, "validation models", lambda i, rec: results_log.append(paths.validate.results, rec))
@@ -213,6 +214,20 @@ def summarize(cfg: RunConfig, paths: RunPaths, p: dict, records: list[dict], mod
                       "parameters": _param_count(cfg.proxy, paths)},
             "seeds": seeds, "target": target, "heldout": {m: block(m) for m in held},
             "rank": out_rank, "points": points}
+
+
+def _check_store_cap(paths: RunPaths, model) -> None:
+    """Warn where the token store keeps less of a cluster than the validation model reads: a store
+    tokenized without validate.enabled is capped for the proxies (tokenize.cap = "auto")."""
+    index = read_json(paths.tokenize.store / "index.json")
+    cap = int(index.get("cap", 0))
+    cut = sum(t > cap for t in index["tokens"])
+    if cap and cut and not model.command and model.read_cap() > cap:
+        log.warning("validate: the token store keeps at most %d tokens of a cluster (tokenize.cap; %d clusters are "
+                    "larger), fewer than the %d the validation model reads (steps x batch_size x (seq_len + 1)); "
+                    "it trains on those, repeating them more than an uncapped store would. Set validate.enabled = "
+                    "true (or a larger tokenize.cap) before tokenizing to size the store for it", cap, cut,
+                    model.read_cap())
 
 
 def _param_count(proxy_cfg, paths: RunPaths) -> int | None:
