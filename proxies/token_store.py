@@ -185,6 +185,14 @@ class TokenStore:
         return f"TokenStore({str(self.path)!r}, n_clusters={self.n_clusters}, tokens={int(self.tokens.sum())}{capped})"
 
 
+def _bounds(key, n: int, who: str) -> tuple[int, int]:
+    """A contiguous slice's (start, stop) in a sequence of `n`; anything else is refused."""
+    if not isinstance(key, slice) or key.step not in (None, 1):
+        raise TypeError(f"{who} takes contiguous slices only")
+    a, b, _ = key.indices(n)
+    return a, b
+
+
 class Gathered:
     """Segments (offset, length) of a sliceable sequence read as one sequence (`len`, `[a:b]`)."""
 
@@ -198,9 +206,7 @@ class Gathered:
         return self.n
 
     def __getitem__(self, key: slice) -> np.ndarray:
-        if not isinstance(key, slice) or key.step not in (None, 1):
-            raise TypeError("Gathered takes contiguous slices only")
-        a, b, _ = key.indices(self.n)
+        a, b = _bounds(key, self.n, "Gathered")
         if b <= a:
             return np.empty(0, dtype=self.dtype)
         i = int(np.searchsorted(self.starts, a, side="right")) - 1
@@ -224,9 +230,7 @@ class ClusterReader:
         return self.n
 
     def __getitem__(self, key: slice) -> np.ndarray:
-        if not isinstance(key, slice) or key.step not in (None, 1):
-            raise TypeError("ClusterReader takes contiguous slices only")
-        a, b, _ = key.indices(self.n)
+        a, b = _bounds(key, self.n, "ClusterReader")
         if b <= a:
             return np.empty(0, dtype=self.dtype)
         if self._fd is None:
