@@ -8,10 +8,14 @@ every source document into consecutive passages of one length, starting at an
 offset into the first window (word boundaries kept), so the passes see the same
 text at different lengths and phases: `PASSES` below, 2,000 down to 300
 characters. Together they give a pool of 1.96 M passages, 1.80 M of them distinct
-once passages under 100 characters and exact duplicates are dropped. N passages are drawn from the whole
-pool by one seeded permutation (so the 100k corpus is the first 100k of the 1M
-one, and every size has the same mixture of lengths and sources; with 50,000 rows a
-shard, the 100k corpus is the 1M one's first two shards, byte for byte) and written as
+once passages under 100 characters and exact duplicates are dropped. Larger corpora
+take further *rounds*: round r repeats the six lengths with every first cut moved on
+by r/7 of the length (so the same mixture of lengths, cut at other places), as many
+rounds as N needs (10 M takes six; at most `ROUNDS`). N passages are drawn from the
+pool by one seeded permutation (so, up to the first round's 1.80 M, the 100k corpus is
+the first 100k of the 1M one, and every size has the same mixture of lengths and
+sources; with 50,000 rows a shard, the 100k corpus is the 1M one's first two shards,
+byte for byte; a corpus that needs more rounds is drawn from a larger pool) and written as
 Parquet shards of `--rows-per-shard` rows (default 50,000; zstd, row groups of
 2,048) with the columns `id`, `text`, `source`, `label` (the source document's).
 Ids name the source document, the pass and the passage:
@@ -42,6 +46,7 @@ from common import CORPUS, shared_or_skip, timer
 log = logging.getLogger("scale_corpus")
 # (passage length in characters, offset of the first cut as a share of that length)
 PASSES = ((2000, 0.0), (1200, 0.5), (800, 0.25), (600, 0.75), (450, 0.4), (300, 0.6))
+ROUNDS = 7  # round r cuts every pass r/ROUNDS of its length further on
 MIN_CHARS = 100
 SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string()), ("source", pa.string()), ("label", pa.string())])
 
@@ -61,10 +66,18 @@ def cut(text: str, length: int, offset: int) -> list[str]:
     return out
 
 
-def passages(files: list[Path]) -> Iterator[tuple[str, str, str, str]]:
-    """(id, text, source, label) of every passage of every pass, in a fixed order."""
-    for p, (length, share) in enumerate(PASSES):
-        offset = int(share * length)
+def passes(rounds: range) -> list[tuple[int, int, int]]:
+    """(pass number, length, offset of the first cut) of every pass of `rounds`; round 0's are `PASSES`."""
+    out = []
+    for r in rounds:
+        for i, (length, share) in enumerate(PASSES):
+            out.append((r * len(PASSES) + i, length, int(((share + r / ROUNDS) % 1.0) * length)))
+    return out
+
+
+def passages(files: list[Path], rounds: range = range(1)) -> Iterator[tuple[str, str, str, str]]:
+    """(id, text, source, label) of every passage of every pass of `rounds`, in a fixed order."""
+    for p, length, offset in passes(rounds):
         seen: dict[str, int] = {}  # the source repeats a few ids (two speeches of one file name)
         for f in files:
             pf = pq.ParquetFile(f)
@@ -82,16 +95,25 @@ def _hash(text: str) -> int:
 
 
 def draw(files: list[Path], n: int, seed: int) -> tuple[np.ndarray, dict]:
-    """For each passage in `passages` order, its position in the drawn corpus (-1: not drawn)."""
-    hashes = np.fromiter((_hash(t) for _, t, _, _ in passages(files)), dtype=np.uint64)
-    _, first = np.unique(hashes, return_index=True)
-    unique = np.sort(first)  # keep the first of each set of duplicates
-    if n > len(unique):
-        raise SystemExit(f"scale_corpus: asked for {n:,} documents; the pool holds {len(unique):,} distinct passages")
+    """For each passage in `passages` order (of the rounds returned in the dict's "rounds"), its
+    position in the drawn corpus (-1: not drawn). Rounds are added until the pool holds n
+    distinct passages."""
+    parts: list[np.ndarray] = []
+    for r in range(ROUNDS):
+        parts.append(np.fromiter((_hash(t) for _, t, _, _ in passages(files, range(r, r + 1))), dtype=np.uint64))
+        hashes = np.concatenate(parts)
+        _, first = np.unique(hashes, return_index=True)
+        unique = np.sort(first)  # keep the first of each set of duplicates
+        log.info("scale_corpus: %d round(s) hold %s distinct passages", r + 1, f"{len(unique):,}")
+        if n <= len(unique):
+            break
+    else:
+        raise SystemExit(f"scale_corpus: asked for {n:,} documents; {ROUNDS} rounds hold "
+                         f"{len(unique):,} distinct passages")
     chosen = unique[np.random.default_rng(seed).permutation(len(unique))[:n]]
     pos = np.full(len(hashes), -1, dtype=np.int64)
     pos[chosen] = np.arange(n)
-    return pos, {"pool_passages": int(len(hashes)), "pool_distinct": int(len(unique))}
+    return pos, {"pool_passages": int(len(hashes)), "pool_distinct": int(len(unique)), "rounds": r + 1}
 
 
 class ShardWriters:
@@ -141,7 +163,7 @@ def build(source: Path, out: Path, n: int, seed: int = 0, rows_per_shard: int = 
     writers = ShardWriters(out, shards)
     chars = 0
     with timer() as t_write:
-        for i, row in enumerate(passages(files)):
+        for i, row in enumerate(passages(files, range(pool["rounds"]))):
             if pos[i] >= 0:
                 writers.add(int(pos[i]) // rows_per_shard, row)
                 chars += len(row[1])

@@ -79,3 +79,20 @@ def test_a_smaller_corpus_is_the_start_of_a_larger_one(source, tmp_path):
 def test_asking_for_more_than_the_pool_is_a_clear_error(source, tmp_path):
     with pytest.raises(SystemExit, match="distinct passages"):
         scale_corpus.build(source, tmp_path / "x", 10**6)
+
+
+def test_a_corpus_larger_than_the_first_round_takes_more_rounds_of_other_cuts(source, tmp_path):
+    files = sorted(source.glob("*.parquet"))
+    _, first = scale_corpus.draw(files, 10, seed=0)
+    assert first["rounds"] == 1
+    want = first["pool_distinct"] + 50
+    info = scale_corpus.build(source, tmp_path / "big", want, seed=0, rows_per_shard=10**6)
+    assert info["rounds"] == 2 and info["pool_distinct"] >= want
+    rows = _read(tmp_path / "big")
+    assert len(rows) == want and len({r["id"] for r in rows}) == want and len({r["text"] for r in rows}) == want
+    round_two = {f"~p{p}." for p in range(len(scale_corpus.PASSES), 2 * len(scale_corpus.PASSES))}
+    assert any(r["id"][r["id"].index("~"):r["id"].index(".") + 1] in round_two for r in rows)
+    # Round 0 is today's pool: its passes keep their cuts and ids.
+    assert scale_corpus.passes(range(1)) == [(p, n, int(s * n)) for p, (n, s) in enumerate(scale_corpus.PASSES)]
+    assert len({(n, o) for _, n, o in scale_corpus.passes(range(scale_corpus.ROUNDS))}) == \
+        scale_corpus.ROUNDS * len(scale_corpus.PASSES)  # every round cuts elsewhere
