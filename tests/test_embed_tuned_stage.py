@@ -30,26 +30,30 @@ def offline(monkeypatch, hf_home):
     return hf_home
 
 
-def _cfg(corpus):
+def _cfg(corpus, student="tokens"):
     return load_config(None, [f'corpus.paths=["{corpus}/*.parquet"]', 'embed.backend="tuned"',
-                              "embed.tune_sample=100", "embed.max_seq_length=64"])
+                              "embed.tune_sample=100", "embed.max_seq_length=64", f'embed.student="{student}"'])
 
 
 def _vectors(paths: RunPaths) -> dict:
     return {f.name: f.read_bytes() for f in sorted(paths.embed.dir.glob("*.npy"))}
 
 
-def test_the_tuned_backend_in_the_embed_stage(offline, tmp_path, monkeypatch):
+@pytest.mark.parametrize("student", ["tokens", "tfidf"])
+def test_the_tuned_backend_in_the_embed_stage(offline, tmp_path, monkeypatch, student):
     corpus = tmp_path / "corpus"
     write_parquet_shards(corpus, vocab_docs(40), 2)  # 160 documents, 100 of them in the sample
-    cfg = _cfg(corpus)
+    cfg = _cfg(corpus, student)
     a = RunPaths(tmp_path / "a")
     stats = pipeline.run_stage("embed", cfg, a.root, with_deps=False)
     info = stats["student"]
-    assert info["kind"] == embed_tuned.STUDENT and info["sample"] == 100 and info["teacher_seconds"] > 0
+    assert info["kind"] == student and info["sample"] == 100 and info["teacher_seconds"] > 0
     assert stats["backend"] and stats["backend"][0].startswith("tuned-")
+    if student == "tfidf":  # the teacher's dimensions, not the static model's
+        assert stats["backend"][0] == "tuned-tfidf-384" and str(info["ridge_alpha"]) in info["cv_cosine"]
     assert (a.embed.dir / "student" / "student.json").exists()
-    assert len(list((offline / "climb" / "tuned").glob("*/student.json"))) == 1
+    cached = [json.loads(f.read_text()) for f in (offline / "climb" / "tuned").glob("*/student.json")]
+    assert [c["kind"] for c in cached].count(student) == 1  # one per kind: the module shares HF_HOME
     vec = np.load(a.embed.dir / "part-00000.npy")
     assert vec.dtype == np.float32 and np.allclose(np.linalg.norm(vec, axis=1), 1, atol=1e-5)
 
@@ -71,12 +75,13 @@ def test_the_tuned_backend_in_the_embed_stage(offline, tmp_path, monkeypatch):
     assert {k: new[k] for k in old} == old and "part-00002.npy" in new
 
 
-def test_the_student_is_the_same_from_a_fresh_cache(offline, tmp_path, monkeypatch):
+@pytest.mark.parametrize("student", ["tokens", "tfidf"])
+def test_the_student_is_the_same_from_a_fresh_cache(offline, tmp_path, monkeypatch, student):
     """Deterministic: taught again from nothing (another HF_HOME, the static model distilled
     again), the student gives the same vectors bit for bit."""
     corpus = tmp_path / "corpus"
     write_parquet_shards(corpus, vocab_docs(40), 2)
-    cfg = _cfg(corpus)
+    cfg = _cfg(corpus, student)
     a = RunPaths(tmp_path / "a")
     pipeline.run_stage("embed", cfg, a.root, with_deps=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "fresh-hf"))
@@ -94,3 +99,5 @@ def test_a_tuned_sample_below_a_hundred_is_refused():
     from climb.config import ConfigError
     with pytest.raises(ConfigError, match="tune_sample"):
         load_config(None, ['embed.backend="tuned"', "embed.tune_sample=10"])
+    with pytest.raises(ConfigError, match="embed.student"):
+        load_config(None, ['embed.backend="tuned"', 'embed.student="bigrams"'])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from climb.config.schema import (EMBED_BACKENDS, EMBED_STORE_DTYPES, SEARCH_ACQUISITIONS, SEARCH_FINALS,
+from climb.config.schema import (EMBED_BACKENDS, EMBED_STORE_DTYPES, EMBED_STUDENTS, SEARCH_ACQUISITIONS, SEARCH_FINALS,
                                  TRACK_BACKENDS, ConfigError, ProxyConfig, RunConfig, from_dict, to_dict)
 from proxies.config import ConfigFieldError
 
@@ -40,6 +40,9 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.embed.tune_sample < 100:
         raise ConfigError(f"embed.tune_sample must be at least 100 documents (the \"tuned\" student learns from "
                           f"them), got {cfg.embed.tune_sample}")
+    if cfg.embed.student not in EMBED_STUDENTS:
+        raise ConfigError(f"embed.student (what embed.backend=\"tuned\" trains) must be one of "
+                          f"{', '.join(map(repr, EMBED_STUDENTS))}, got {cfg.embed.student!r}")
     if cfg.executor.kind not in ("local", "dask"):
         raise ConfigError(f"executor.kind must be 'local' or 'dask', got {cfg.executor.kind!r}")
     if cfg.search.eval_seeds < 2:

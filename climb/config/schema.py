@@ -47,6 +47,7 @@ OPTIONAL = ("validate",)
 
 EMBED_BACKENDS = ("auto", "torch", "openvino", "static", "tuned")
 EMBED_STORE_DTYPES = ("float32", "float16")
+EMBED_STUDENTS = ("tokens", "linear", "tfidf")
 # The search strategy's choices (climb.optimize.strategy validates them too; the
 # config names them so that a loaded config is checked without the numeric stack).
 SEARCH_ACQUISITIONS = ("explore", "thompson", "ei", "ucb")
@@ -82,6 +83,11 @@ class EmbedConfig:
     backend: str = "torch"
     # Documents the "tuned" student learns from, drawn by a seeded hash of their ids.
     tune_sample: int = 20_000
+    # The "tuned" student: "tokens" (model2vec's token vectors trained on the teacher's),
+    # "linear" (the static embedding ridge-mapped into the teacher's space) or "tfidf"
+    # (TF-IDF vectors ridge-mapped into the teacher's space, climb/stages/embed_tfidf.py;
+    # 384 dimensions). BENCHMARKS.md measures each against the torch default.
+    student: str = "tokens"
     # The element type of the embedding files `embed/<shard>.npy`: "float32", or "float16"
     # (half the disk: 0.77 GB rather than 1.5 GB per million documents at 384 dimensions).
     # Not `dtype`, the precision the model runs in. The vectors are L2-normalised, so the
@@ -577,7 +583,7 @@ def to_toml(cfg: RunConfig) -> str:
 # stages keep theirs.
 ADDED_FIELDS = {
     "RunConfig": ("dedup", "tokenize"),
-    "EmbedConfig": ("tune_sample", "store_dtype"),
+    "EmbedConfig": ("tune_sample", "store_dtype", "student"),
     "ClusterConfig": ("refit",),
     "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens"),
     "TargetConfig": ("lm_eval", "lm_eval_include", "contamination", "decontaminate"),

@@ -126,8 +126,9 @@ class TfidfEncoder:
 
     def encode(self, texts, batch_size: int = 4096, normalize_embeddings: bool = True, **_) -> np.ndarray:
         out = np.empty((len(texts), self.get_embedding_dimension()), dtype=np.float32)
-        for i in range(0, len(texts), max(batch_size, 1)):
-            x = self.vectorizer.transform(_clip(texts[i:i + batch_size], self.max_seq_length))
+        step = max(batch_size, 4096)  # the stage's batch is the transformer's; sparse products like more
+        for i in range(0, len(texts), step):
+            x = self.vectorizer.transform(_clip(texts[i:i + step], self.max_seq_length))
             emb = np.asarray(x @ self.W, dtype=np.float32) + self.b
             if normalize_embeddings:
                 emb /= np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)

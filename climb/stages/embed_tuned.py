@@ -13,6 +13,10 @@ by the teacher (the transformer `embed.model` names, as the embed stage runs it)
   static model it started from.
 - `fit_linear` (L, sample and assign): the static embedding followed by a ridge
   map into the teacher's space, alpha chosen by cross-validation on the sample.
+- R (`embed_tfidf`): the document's TF-IDF vector (vocabulary fit on the sample) ridge-mapped
+  into the teacher's space; it keeps the teacher's 384 dimensions.
+
+`embed.student` picks which one "tuned" trains ("tokens", "linear", "tfidf").
 
 `draw_sample` picks the sample by a seeded hash of document ids: the same corpus
 gives the same sample whatever the order or number of its files.
@@ -120,7 +124,7 @@ class TunedEncoder(StaticEncoder):
 # ---------------------------------------------------------------------------------------------
 # embed.backend = "tuned": the student the embed stage uses, made once per run.
 
-STUDENT = "tokens"  # which student "tuned" trains: "tokens" (T) or "linear" (L); chosen by NMI (BENCHMARKS.md)
+STUDENT = "tokens"  # the student "tuned" trains unless embed.student says: "tokens" (T), "linear" (L), "tfidf" (R)
 _DONE = "student.json"
 
 
@@ -191,11 +195,12 @@ def prepare(cfg, files, folder, teacher: Teacher) -> tuple[str, dict]:
         raise InputError(f"embed.backend=\"tuned\" learns from a sample of the corpus, but it has {len(ids)} "
                          "documents; use embed.backend=\"torch\" for a corpus this small")
     read_seconds = time.time() - t0
-    key = student_key(teacher, ids, texts)
+    kind = cfg.embed.student
+    key = student_key(teacher, ids, texts, kind)
     cached = cache_root() / "tuned" / f"{cache_slug(cfg.embed.model)}-{key}"
 
     def write(tmp: Path) -> None:
-        write_student(tmp, teacher, ids, texts, {"key": key, "read_seconds": round(read_seconds, 2)})
+        write_student(tmp, teacher, ids, texts, {"key": key, "read_seconds": round(read_seconds, 2)}, kind)
     build_once(cached, _DONE, write, f"teaching a static embedding on {len(ids)} documents of the corpus")
     tmp = dest.with_name(f".student.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -218,33 +223,43 @@ def write_student(folder, teacher: Teacher, ids, texts, extra: dict | None = Non
     t0 = time.time()
     targets = teacher.vectors(list(texts))
     teacher_seconds = time.time() - t0
-    static = teacher.static()
     log.info("embed: the teacher embedded %d sample documents in %.0f s; fitting the %s student (on a CPU "
              "a fit on 20,000 documents takes tens of minutes)", len(ids), teacher_seconds, kind)
     t0 = time.time()
-    linear = None
-    if kind == "linear":
+    linear, extra_info = None, {}
+    if kind == "tfidf":
+        from climb.stages import embed_tfidf
+        student = embed_tfidf.fit_tfidf(texts, targets, window)
+        embed_tfidf.save(student, folder / "tfidf")
+        extra_info = {"ridge_alpha": student["alpha"], "cv_cosine": student["cv_cosine"],
+                      "terms": len(student["terms"])}
+    elif kind == "linear":
+        static = teacher.static()
         raw = TunedEncoder(static, None, window).encode(_clip(texts, window), normalize_embeddings=False)
         linear = fit_linear(raw, targets)
         static.save_pretrained(str(folder / "static"))
         np.savez(folder / "linear.npz", W=linear["W"], b=linear["b"])
     elif kind == "tokens":
-        fit_tuned(static, texts, targets, window).save_pretrained(str(folder / "static"))
+        fit_tuned(teacher.static(), texts, targets, window).save_pretrained(str(folder / "static"))
     else:
         raise ValueError(f"unknown student {kind!r}")
     info = {"kind": kind, "sample": len(ids), "teacher": teacher.name, "window": window,
             "teacher_seconds": round(teacher_seconds, 2), "fit_seconds": round(time.time() - t0, 2),
             "teacher_docs_per_s": round(len(ids) / max(teacher_seconds, 1e-9), 1),
-            **({"ridge_alpha": linear["alpha"]} if linear else {}), **(extra or {})}
+            **({"ridge_alpha": linear["alpha"]} if linear else {}), **extra_info, **(extra or {})}
     (folder / _DONE).write_text(json.dumps(info, indent=1) + "\n")
     return info
 
 
-def load_student(folder, window: int) -> TunedEncoder:
+def load_student(folder, window: int):
+    """The student `write_student` saved in `folder`, as an encoder the embed stage uses."""
     from pathlib import Path
 
     from model2vec import StaticModel
     folder = Path(folder)
+    if (folder / "tfidf").exists():
+        from climb.stages import embed_tfidf
+        return embed_tfidf.TfidfEncoder(embed_tfidf.load(folder / "tfidf"), window, "tuned")
     static = StaticModel.from_pretrained(str(folder / "static"))
     linear = None
     if (folder / "linear.npz").exists():
