@@ -4,9 +4,11 @@ BENCHMARKS.md ("A static embedding trained on the corpus"), run and judged.
     python benchmarks/embed_tuned_demo.py --variant tech --seeds 40 41 ... 49 --train \
         --json benchmarks/results/embed_tuned_demo_tech.json
     python benchmarks/embed_tuned_demo.py --variant sport --seeds 40 ... 49 --train ...
+    python benchmarks/embed_tuned_demo.py --student tfidf --variant tech --seeds 50 ... 59 --train \
+        --json benchmarks/results/embed_ridge_demo_tech.json   # R's (b), "A TF-IDF student"
 
 For each backend (`torch`, the default, and `tuned` with `embed.tune_sample = 1000`) one base
-folder (`runs/e35_<variant>_<backend>_base`: the demo corpus built, embedded, clustered and
+folder (`runs/e35_<variant>_<backend>_base`; `--student tfidf` names the tuned folders `tfidf`: the demo corpus built, embedded, clustered and
 tokenised once), and per search seed its search on a copy (`runs/e35_<variant>_<backend>_s<seed>`),
 the demo's own search. Each finished run's record is kept in `--records` (default
 `benchmarks/results/records`), so a later session trains only the seeds not recorded and
@@ -31,12 +33,20 @@ VARIANTS = {
 BACKENDS = {"torch": ['embed.backend="torch"'], "tuned": ['embed.backend="tuned"', "embed.tune_sample=1000"]}
 
 
+STUDENT = {"tokens": "tuned", "tfidf": "tfidf", "linear": "linear"}  # embed.student -> its folders' name
+
+
 def _args(variant: str, backend: str) -> list[str]:
-    return ["--config", "pipelines/demo.toml"] + [a for s in VARIANTS[variant] + BACKENDS[backend]
-                                                  for a in ("--set", s)]
+    sets = BACKENDS.get(backend) or BACKENDS["tuned"] + [f'embed.student="{_student(backend)}"']
+    return ["--config", "pipelines/demo.toml"] + [a for s in VARIANTS[variant] + sets for a in ("--set", s)]
+
+
+def _student(name: str) -> str:
+    return {v: k for k, v in STUDENT.items()}[name]
 
 
 def train(variant: str, backend: str, seed: int, runs: Path) -> Path:
+    """`backend`: "torch", or a student's folder name (STUDENT's values)."""
     from cheaper_search import _climb
     run = runs / f"e35_{variant}_{backend}_s{seed}"
     if (run / "search" / "manifest.json").exists():
@@ -71,22 +81,24 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variant", choices=list(VARIANTS), default="tech")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(40, 50)))
+    ap.add_argument("--student", choices=list(STUDENT), default="tokens", help="embed.student of the tuned runs")
     ap.add_argument("--runs", default="runs")
     ap.add_argument("--train", action="store_true", help="train the runs not yet recorded first, seed by seed")
     ap.add_argument("--records", default="benchmarks/results/records")
     ap.add_argument("--json", default="")
     a = ap.parse_args(argv)
     runs, records = Path(a.runs), Path(a.records)
-    recs = {b: [] for b in BACKENDS}
+    names = {"torch": "torch", "tuned": STUDENT[a.student]}
+    recs = {b: [] for b in names}
     for seed in a.seeds:
-        for backend in BACKENDS:
-            run = runs / f"e35_{a.variant}_{backend}_s{seed}"
+        for backend, name in names.items():
+            run = runs / f"e35_{a.variant}_{name}_s{seed}"
             rec = load(run, records, known_answer=True)
             if rec is None and a.train:
-                rec = load(train(a.variant, backend, seed, runs), records, known_answer=True)
+                rec = load(train(a.variant, name, seed, runs), records, known_answer=True)
             recs[backend].append(rec)
-    done = [i for i, s in enumerate(a.seeds) if all(recs[b][i] is not None for b in BACKENDS)]
-    res = {"variant": a.variant, "margin": MARGIN, "seeds_done": [a.seeds[i] for i in done],
+    done = [i for i, s in enumerate(a.seeds) if all(recs[b][i] is not None for b in names)]
+    res = {"variant": a.variant, "student": a.student, "margin": MARGIN, "seeds_done": [a.seeds[i] for i in done],
            "seeds_asked": a.seeds}
     if len(done) >= 2:
         res.update(judge([recs["tuned"][i] for i in done], [recs["torch"][i] for i in done]))
