@@ -393,28 +393,11 @@ def _cluster(cfg: RunConfig, paths: RunPaths, ex) -> dict:
 def _dedup(cfg: RunConfig, paths: RunPaths, names: list[str], n_clusters: int) -> dict | None:
     """Find the duplicates (climb.stages.dedup), mark them in the assignment files (and drop them
     from their clusters with dedup.drop); their counts per cluster (None: dedup off)."""
-    from climb.stages import dedup
+    from climb.stages.dedup import dedup
     d = cfg.dedup
     if not d.exact and not d.threshold:
         return None
-    out = paths.cluster
-    clusters, fines, hashes, ids, nbytes = [], [], [], [], []
-    for s in names:
-        t = pq.read_table(out.assignments(s))
-        c = t["cluster"].to_numpy()
-        if "duplicate_cluster" in t.column_names:  # a drop done before: the clusters it took them from
-            before = t["duplicate_cluster"].to_numpy()
-            c = np.where(before >= 0, before, c)
-        clusters.append(c)
-        fines.append(t["fine"].to_numpy())
-        ids.append(t["id"].to_pylist())
-        hashes.append(np.load(out.text_hashes(s)) if d.exact else np.zeros(len(c), np.int64))
-        nbytes.append(load_ids(paths, s)["bytes"].to_numpy())
-    found = dedup.find_duplicates(d, names, clusters, fines, hashes, lambda s: load_embeddings(paths, [s])[0])
-    every_id = [i for shard_ids in ids for i in shard_ids]
-    for s, (kind, of) in zip(names, found):
-        dedup.mark(out.assignments(s), kind, [every_id[j] if j >= 0 else "" for j in of], d.drop)
-    return dedup.counts([k for k, _ in found], clusters, nbytes, n_clusters)
+    return dedup(d, paths, names, cfg.cluster.k, n_clusters)
 
 
 def _drift(parts: list[dict], sizes: list[int], names: list[str], sources: dict, fitted: dict) -> dict | None:

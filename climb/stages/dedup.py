@@ -10,14 +10,35 @@ This finds, in corpus order (shard by shard, row by row; the first of each group
   documents whose embeddings have a cosine of at least `dedup.threshold` with another's.
   Each document's `dedup.neighbors` nearest in its fine cluster are found with FAISS
   (inner product on the L2-normalised embeddings), the pairs over the threshold joined
-  into groups (union-find), and each group's first document kept. One fine cluster's
-  embeddings are in memory at a time, and each search holds n x neighbors results.
+  into groups (connected components), and each group's first document kept.
 
 Writes, per shard, the `duplicate` (0 none, 1 exact, 2 near) and `duplicate_of` (the
 kept document's id) columns of `cluster/assign/<shard>.parquet`; with `dedup.drop` the
 duplicates' `cluster` becomes -1 (as a pruned document's: no proxy reads them, the export
 skips them) and `duplicate_cluster` keeps theirs. Returns the counts per cluster for
 clusters.json.
+
+Built for 10^7 documents and more on one machine:
+
+- memory: of the whole corpus only each document's fine cluster is held (int16 below
+  32,767 fine clusters; -1 once pruned or found an exact duplicate) and, per duplicate
+  found, its row, kind and kept row (9 bytes; rows int32 below 2^31 documents): at most
+  11 bytes a document, no Python object per document. Exact duplicates are found a slice
+  of the hash space at a time (EXACT_BUCKET documents a pass, the hashes read from each
+  shard's memory-mapped file), near ones a few fine clusters at a time (NEAR_PASS
+  documents), and the kept documents' ids looked up MARK_BATCH duplicates at a time (each
+  shard's id column read once a batch). The one cost that grows with the corpus over k
+  is the fine cluster being searched: its index holds its embeddings (4 x dim bytes a
+  document, +8 for IVF's ids), read into it BLOCK rows at a time from the mapped shards.
+- time: a fine cluster of up to NEAR_EXACT_MAX documents is searched exactly (a flat
+  index, n^2 comparisons: results as before this bound existed, bit for bit); a larger
+  one with an inverted-file index (IndexIVFFlat: lists of ~IVF_LIST documents from a
+  seeded k-means on the cluster's own vectors, IVF_PROBE lists visited a query), so a
+  document costs a bounded number of comparisons. Every pair it returns is over the
+  threshold (cosines are computed exactly); it misses some: on a 69,785-document fine
+  cluster of the scale corpus it found 99.1% of the exact search's pairs, 3.5x faster;
+  on a synthetic 50,000 with planted copies, all of them (benchmarks/dedup_near.py). Its
+  output is the same run after run and with 1 or 2 threads.
 
     from climb.stages.dedup import text_hash, near_groups
 """
@@ -37,6 +58,23 @@ from climb.io.files import write_parquet
 
 log = logging.getLogger(__name__)
 _DROP = re.compile(r"[\W_]+", re.UNICODE)
+
+# A fine cluster up to this size is searched exactly: a flat index, n^2 comparisons at BLAS speed.
+# Above it, an inverted-file index: a query compares ~IVF_PROBE x IVF_LIST documents (more where
+# the lists are uneven: ~3,000 on the scale corpus) at a fifth of BLAS's speed a comparison or
+# less. The two cost the same near 12,000 documents on the scale corpus's 256-d vectors and near
+# 35,000 on synthetic 384-d ones (2 busy cores; benchmarks/dedup_near.py): 20,000 lies between,
+# and keeps most of the 1M run's fine clusters (15,600 on average) exact. At 156,000 (10^7
+# documents, k = 64) IVF is 4x (synthetic) to 8x (scale corpus) faster, and grows linearly.
+NEAR_EXACT_MAX = 20_000
+IVF_LIST = 500  # documents an inverted list holds on average
+IVF_PROBE = 4  # lists a query visits
+IVF_TRAIN = 64  # documents a list that the lists' k-means is fitted on (FAISS warns below 39)
+IVF_SEED = 1234  # the lists' k-means and its sample
+EXACT_BUCKET = 1 << 20  # documents a pass over the hash space (~70 MB of sort temporaries)
+NEAR_PASS = 1 << 21  # documents of the fine clusters one pass over the fine column gathers
+MARK_BATCH = 1 << 20  # duplicates whose kept documents' ids are looked up at once
+BLOCK = 8192  # embeddings added to an index, and queries searched, at a time
 
 
 def normalise(text: str) -> str:
@@ -67,99 +105,258 @@ def exact_firsts(hashes: np.ndarray, kept: np.ndarray) -> np.ndarray:
     return out
 
 
-def near_groups(emb: np.ndarray, threshold: float, neighbors: int) -> np.ndarray:
-    """For each row of `emb` (L2-normalised, in corpus order), the first row of its group of
-    near duplicates (cosine >= threshold with a neighbour, transitively), itself if none."""
+def _index(emb, exact_max: int):
+    """A search index holding `emb` (an array, or _Rows), added a block at a time."""
     import faiss
     n = len(emb)
-    parent = np.arange(n)
+    first = np.ascontiguousarray(emb[:BLOCK], dtype=np.float32)
+    d = first.shape[1]
+    if n <= exact_max:
+        index = faiss.IndexFlatIP(d)
+    else:
+        nlist = max(1, n // IVF_LIST)
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.cp.seed = IVF_SEED
+        index.nprobe = IVF_PROBE
+        sample = np.sort(np.random.default_rng(IVF_SEED).choice(n, min(n, IVF_TRAIN * nlist), replace=False))
+        index.train(np.ascontiguousarray(emb[sample], dtype=np.float32))
+    index.add(first)
+    for a in range(BLOCK, n, BLOCK):
+        index.add(np.ascontiguousarray(emb[a:a + BLOCK], dtype=np.float32))
+    return index
 
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
+
+def near_groups(emb, threshold: float, neighbors: int, exact_max: int = NEAR_EXACT_MAX) -> np.ndarray:
+    """For each row of `emb` (L2-normalised, in corpus order; an array or _Rows), the first row
+    of its group of near duplicates (cosine >= threshold with a neighbour, transitively),
+    itself if none. Exact up to `exact_max` rows, approximate (IVF) above."""
+    n = len(emb)
     if n < 2:
-        return parent
-    x = np.ascontiguousarray(emb, dtype=np.float32)
-    index = faiss.IndexFlatIP(x.shape[1])
-    index.add(x)
+        return np.arange(n)
+    index = _index(emb, exact_max)
     k = min(neighbors + 1, n)
-    for a in range(0, n, 8192):  # queries in blocks: results stay block x k
-        sims, nbrs = index.search(x[a:a + 8192], k)
+    a_, b_ = [], []
+    for a in range(0, n, BLOCK):  # queries in blocks: results stay block x k
+        sims, nbrs = index.search(np.ascontiguousarray(emb[a:a + BLOCK], dtype=np.float32), k)
         rows, cols = np.nonzero((sims >= threshold) & (nbrs >= 0))
-        for r, c in zip(rows + a, nbrs[rows, cols]):
-            if r != c:
-                ra, rb = find(int(r)), find(int(c))
-                if ra != rb:
-                    parent[max(ra, rb)] = min(ra, rb)  # the earlier document is the group's
-    return np.array([find(i) for i in range(n)])
+        other = nbrs[rows, cols]
+        keep = other != rows + a
+        a_.append(rows[keep] + a)
+        b_.append(other[keep])
+    return _firsts(n, np.concatenate(a_), np.concatenate(b_))
 
 
-def find_duplicates(dcfg: DedupConfig, shards: list[str], clusters: list[np.ndarray], fines: list[np.ndarray],
-                    hashes: list[np.ndarray], embeddings) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per shard: (kind: 0/1/2 per row, duplicate_of: the global row of the kept one or -1).
+def _firsts(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Each row's group's first row, the pairs (a, b) joining rows: the smallest row of its
+    connected component (what union-find keeping the earlier row as the root gives)."""
+    if not len(a):
+        return np.arange(n)
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    _, label = connected_components(coo_matrix((np.ones(len(a), np.int8), (a, b)), shape=(n, n)), directed=False)
+    _, first = np.unique(label, return_index=True)  # a component's first occurrence: its smallest row
+    return first[label]
 
-    `clusters` and `fines` give each row's cluster (-1: pruned, never a duplicate nor kept
-    for one) and fine cluster; `embeddings(shard)` maps a shard's embedding array."""
-    sizes = [len(c) for c in clusters]
-    offsets = np.r_[0, np.cumsum(sizes)]
-    kept = np.concatenate(clusters) >= 0
-    kind = np.zeros(len(kept), dtype=np.int8)
-    of = np.full(len(kept), -1, dtype=np.int64)
-    if dcfg.exact:
-        firsts = exact_firsts(np.concatenate(hashes), kept)
-        kind[firsts >= 0], of[firsts >= 0] = 1, firsts[firsts >= 0]
-    if dcfg.threshold > 0:
-        t0 = time.time()
-        fine = np.concatenate(fines)
-        live = np.flatnonzero(kept & (kind == 0))
-        order = live[np.argsort(fine[live], kind="stable")]  # by fine cluster, then corpus order
-        f = fine[order]
-        bounds = np.flatnonzero(np.r_[True, f[1:] != f[:-1], True]) if len(order) else np.array([0])
+
+def _row_type(n: int):
+    return np.int32 if n < 2**31 else np.int64
+
+
+def _exact(fine: np.ndarray, offsets: np.ndarray, hashes):
+    """(rows, their first's rows) of the exact duplicates among the rows whose fine >= 0, one
+    slice of the hash space (its top bits) at a time: a duplicate shares its first's hash."""
+    n = int(offsets[-1])
+    bits = int(np.ceil(np.log2(n / EXACT_BUCKET))) if n > EXACT_BUCKET else 0
+    for bucket in range(1 << bits):
+        rows, hs = [], []
+        for s in range(len(offsets) - 1):
+            h = hashes(s)
+            sel = fine[offsets[s]:offsets[s + 1]] >= 0
+            if bits:
+                sel &= (h.view(np.uint64) >> np.uint64(64 - bits)) == bucket
+            local = np.flatnonzero(sel)
+            rows.append(local + offsets[s])
+            hs.append(np.asarray(h[local]))
+        rows = np.concatenate(rows)
+        first = exact_firsts(np.concatenate(hs), np.ones(len(rows), bool))
+        dup = first >= 0
+        yield rows[dup], rows[first[dup]]
+
+
+def _fine_clusters(fine: np.ndarray, offsets: np.ndarray):
+    """Each fine cluster's rows (fine >= 0) in corpus order, gathered NEAR_PASS documents of
+    consecutive fine clusters a pass over `fine`, shard by shard."""
+    spans = list(zip(offsets[:-1], offsets[1:]))
+    k = int(fine.max()) + 1 if len(fine) else 0
+    size = np.zeros(k, np.int64)
+    for a, b in spans:
+        f = fine[a:b]
+        size += np.bincount(f[f >= 0], minlength=k)
+    ends = np.r_[0, np.cumsum(size)]
+    f0 = 0
+    while f0 < k:
+        f1 = max(f0 + 1, int(np.searchsorted(ends, ends[f0] + NEAR_PASS, "right")) - 1)
+        rows = np.concatenate([np.flatnonzero((fine[a:b] >= f0) & (fine[a:b] < f1)) + a for a, b in spans])
+        if not len(rows):
+            f0 = f1
+            continue
+        sub = fine[rows]
+        order = np.argsort(sub, kind="stable")  # by fine cluster, then corpus order
+        rows, sub = rows[order], sub[order]
+        bounds = np.flatnonzero(np.r_[True, sub[1:] != sub[:-1], True])
         for a, b in zip(bounds[:-1], bounds[1:]):
-            rows = order[a:b]
-            if len(rows) < 2:
+            yield rows[a:b]
+        f0 = f1
+
+
+def _gather(rows: np.ndarray, offsets: np.ndarray, embeddings) -> np.ndarray:
+    """The embeddings of these (sorted) rows as float32, read shard by shard."""
+    cut = np.searchsorted(rows, offsets)
+    out = None
+    for s in np.flatnonzero(cut[1:] > cut[:-1]):
+        e = embeddings(s)
+        if out is None:
+            out = np.empty((len(rows), e.shape[1]), np.float32)
+        out[cut[s]:cut[s + 1]] = e[rows[cut[s]:cut[s + 1]] - offsets[s]]
+    return out
+
+
+class _Rows:
+    """A fine cluster's embeddings, read from the shards' mapped files a block (or a sample)
+    at a time: its index holds the one copy of them in memory."""
+
+    def __init__(self, rows: np.ndarray, offsets: np.ndarray, embeddings):
+        self.rows, self.offsets, self.embeddings = rows, offsets, embeddings
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, which) -> np.ndarray:  # a slice or sorted positions
+        return _gather(self.rows[which], self.offsets, self.embeddings)
+
+
+def find_duplicates(dcfg: DedupConfig, fine: np.ndarray, offsets: np.ndarray, hashes,
+                    embeddings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The duplicates, sorted by row: (rows, kind: 1 exact / 2 near, of: the kept one's row),
+    rows counted over the whole corpus in order (shard s's rows start at offsets[s]).
+
+    `fine` is each row's fine cluster, -1 where pruned (never a duplicate nor kept for one);
+    exact duplicates become -1 in it (the near search leaves them out). `hashes(s)` and
+    `embeddings(s)` map shard s's text hashes and embeddings."""
+    rt = _row_type(int(offsets[-1]))
+    rows, kinds, ofs = [np.zeros(0, rt)], [np.zeros(0, np.int8)], [np.zeros(0, rt)]
+
+    def found(r, o, kind):
+        rows.append(r.astype(rt))
+        ofs.append(o.astype(rt))
+        kinds.append(np.full(len(r), kind, np.int8))
+    if dcfg.exact:
+        for r, o in _exact(fine, offsets, hashes):
+            found(r, o, 1)
+            fine[r] = -1
+    if dcfg.threshold > 0:
+        t0, clusters = time.time(), 0
+        for f_rows in _fine_clusters(fine, offsets):
+            clusters += 1
+            if len(f_rows) < 2:
                 continue
-            cut = np.searchsorted(rows, offsets)
-            emb = np.concatenate([np.asarray(embeddings(shards[s])[rows[cut[s]:cut[s + 1]] - offsets[s]], np.float32)
-                                  for s in range(len(shards)) if cut[s + 1] > cut[s]])
-            first = rows[near_groups(emb, dcfg.threshold, dcfg.neighbors)]
-            dup = first != rows
-            kind[rows[dup]], of[rows[dup]] = 2, first[dup]
-        log.info("dedup: near duplicates over %d fine clusters in %.1fs", len(bounds) - 1, time.time() - t0)
-    return [(kind[offsets[s]:offsets[s + 1]], of[offsets[s]:offsets[s + 1]]) for s in range(len(shards))]
+            first = f_rows[near_groups(_Rows(f_rows, offsets, embeddings), dcfg.threshold, dcfg.neighbors)]
+            dup = first != f_rows
+            found(f_rows[dup], first[dup], 2)
+        log.info("dedup: near duplicates over %d fine clusters in %.1fs", clusters, time.time() - t0)
+    r = np.concatenate(rows)
+    order = np.argsort(r, kind="stable")
+    return r[order], np.concatenate(kinds)[order], np.concatenate(ofs)[order]
 
 
-def mark(path, kind: np.ndarray, dup_of_ids: list[str], drop: bool) -> None:
-    """Add the duplicate columns to a shard's assignment file (and with `drop` take the
-    duplicates out of their cluster), rewriting it only where that changes it."""
-    t = pq.read_table(path)
-    base = t.drop_columns([c for c in ("duplicate", "duplicate_of", "duplicate_cluster") if c in t.column_names])
-    cluster = base["cluster"].to_numpy()
-    if "duplicate_cluster" in t.column_names:  # a drop done before: the cluster it took them from
+def ids_of(of: np.ndarray, offsets: np.ndarray, ids) -> pa.Array:
+    """The ids of rows `of` (global), each shard's id column (`ids(s)`) read once."""
+    src = np.searchsorted(offsets, of, side="right") - 1
+    order = np.argsort(src, kind="stable")
+    by = src[order]
+    parts = [pa.array([], pa.string())]
+    for s in np.unique(by):
+        a, b = np.searchsorted(by, [s, s + 1])
+        parts.append(ids(s).take(pa.array(of[order[a:b]] - offsets[s])))
+    back = np.empty(len(order), np.int64)
+    back[order] = np.arange(len(order))
+    return pa.concat_arrays(parts).take(pa.array(back))
+
+
+def restored_cluster(t: pa.Table) -> np.ndarray:
+    """A shard's clusters as they were before any drop (a dropped one's is in `duplicate_cluster`)."""
+    cluster = t["cluster"].to_numpy()
+    if "duplicate_cluster" in t.column_names:
         before = t["duplicate_cluster"].to_numpy()
         cluster = np.where(before >= 0, before, cluster)
+    return cluster
+
+
+def mark(path, kind: np.ndarray, dup_of: pa.Array, drop: bool) -> np.ndarray:
+    """Add the duplicate columns to a shard's assignment file (and with `drop` take the
+    duplicates out of their cluster), rewriting it only where that changes it; `dup_of`: the
+    kept document's id per row ("" where none). Returns the shard's clusters before the drop."""
+    t = pq.read_table(path)
+    cluster = restored_cluster(t)
+    base = t.drop_columns([c for c in ("duplicate", "duplicate_of", "duplicate_cluster") if c in t.column_names])
     cols = {name: base[name] for name in base.column_names}
     cols["cluster"] = pa.array(np.where(drop & (kind > 0), -1, cluster).astype(np.int32), pa.int32())
     cols["duplicate"] = pa.array(kind, pa.int8())
-    cols["duplicate_of"] = pa.array(dup_of_ids, pa.string())
+    cols["duplicate_of"] = dup_of.cast(pa.string())
     cols["duplicate_cluster"] = pa.array(np.where(kind > 0, cluster, -1).astype(np.int32), pa.int32())
     new = pa.table(cols)
-    if new.equals(t):
-        return
-    write_parquet(path, new)
+    if not new.equals(t):
+        write_parquet(path, new)
+    return cluster
 
 
-def counts(kind: list[np.ndarray], cluster: list[np.ndarray], nbytes: list[np.ndarray], n_clusters: int) -> dict:
-    """Per cluster: documents, exact and near duplicates, bytes before and after."""
-    k = np.concatenate(kind)
-    c = np.concatenate(cluster)
-    b = np.concatenate(nbytes).astype(np.int64)
-    live = c >= 0
-    out = {"docs": np.bincount(c[live], minlength=n_clusters),
-           "exact": np.bincount(c[live & (k == 1)], minlength=n_clusters),
-           "near": np.bincount(c[live & (k == 2)], minlength=n_clusters),
-           "bytes": np.bincount(c[live], weights=b[live], minlength=n_clusters),
-           "bytes_distinct": np.bincount(c[live & (k == 0)], weights=b[live & (k == 0)], minlength=n_clusters)}
-    return {name: v.astype(np.int64).tolist() for name, v in out.items()}
+def counts(kind: np.ndarray, cluster: np.ndarray, nbytes: np.ndarray, n_clusters: int) -> dict:
+    """Per cluster (one shard's): documents, exact and near duplicates, bytes before and after."""
+    live = cluster >= 0
+    c, k, b = cluster[live], kind[live], nbytes[live].astype(np.int64)
+    out = {"docs": np.bincount(c, minlength=n_clusters),
+           "exact": np.bincount(c[k == 1], minlength=n_clusters),
+           "near": np.bincount(c[k == 2], minlength=n_clusters),
+           "bytes": np.bincount(c, weights=b, minlength=n_clusters),
+           "bytes_distinct": np.bincount(c[k == 0], weights=b[k == 0], minlength=n_clusters)}
+    return {name: v.astype(np.int64) for name, v in out.items()}
+
+
+def dedup(dcfg: DedupConfig, paths, names: list[str], k: int, n_clusters: int) -> dict:
+    """Find the duplicates of a run's clustered corpus (`k` fine clusters), mark them in its
+    assignment files; their counts per cluster (lists, for clusters.json)."""
+    from climb.stages.embed import load_embeddings, load_ids
+    out = paths.cluster
+    sizes = [pq.read_metadata(out.assignments(s)).num_rows for s in names]
+    offsets = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+    fine = np.empty(int(offsets[-1]), np.int16 if k < 2**15 - 1 else np.int32)
+    for s, name in enumerate(names):
+        path = out.assignments(name)
+        have = pq.read_schema(path).names
+        t = pq.read_table(path, columns=[c for c in ("fine", "cluster", "duplicate_cluster") if c in have])
+        fine[offsets[s]:offsets[s + 1]] = np.where(restored_cluster(t) >= 0, t["fine"].to_numpy(), -1)
+    found = find_duplicates(dcfg, fine, offsets, lambda s: np.load(out.text_hashes(names[s]), mmap_mode="r"),
+                            lambda s: load_embeddings(paths, [names[s]])[0])
+    del fine
+    rows, kind, of = found
+    cut = np.searchsorted(rows, offsets)  # shard s's duplicates: cut[s]:cut[s + 1]
+    total: dict = {}
+    s = 0
+    while s < len(names):
+        e = s + 1  # shards s..e-1: at most MARK_BATCH duplicates (or one shard)
+        while e < len(names) and cut[e + 1] - cut[s] <= MARK_BATCH:
+            e += 1
+        ids = ids_of(of[cut[s]:cut[e]], offsets,
+                     lambda t: pq.read_table(out.assignments(names[t]), columns=["id"])["id"].combine_chunks())
+        for i in range(s, e):
+            local = rows[cut[i]:cut[i + 1]] - offsets[i]
+            shard_kind = np.zeros(sizes[i], np.int8)
+            shard_kind[local] = kind[cut[i]:cut[i + 1]]
+            where = np.full(sizes[i], cut[i + 1] - cut[i], np.int64)  # past the end: ""
+            where[local] = np.arange(len(local))
+            dup_of = pa.concat_arrays([ids.slice(cut[i] - cut[s], cut[i + 1] - cut[i]), pa.array([""], pa.string())])
+            cluster = mark(out.assignments(names[i]), shard_kind, dup_of.take(pa.array(where)), dcfg.drop)
+            part = counts(shard_kind, cluster, load_ids(paths, names[i])["bytes"].to_numpy(), n_clusters)
+            total = {name: total.get(name, 0) + v for name, v in part.items()}
+        s = e
+    return {name: v.tolist() for name, v in total.items()}
