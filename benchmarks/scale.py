@@ -41,10 +41,21 @@ def du_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20 if path.exists() else 0.0
 
 
-def run_stage(stage: str, config: str, run: Path, sets: list[str], log) -> dict:
+def corpus_sets(corpus: Path, n: int, more: list[str] = ()) -> list[str]:
+    """The overrides of an N-document run: the first N/50,000 shards of `corpus`, then `more`."""
+    return [f'corpus.paths=["{corpus}/part-*.parquet"]', f"corpus.max_shards={n // ROWS_PER_SHARD}", *more]
+
+
+def stage_command(stage: str, config: str, run: Path, sets: list[str]) -> list[str]:
+    """`python -m climb.cli STAGE --config ... --run ... --set ...`, to run at ROOT."""
     cmd = [sys.executable, "-m", "climb.cli", stage, "--config", config, "--run", str(run)]
     for s in sets:
         cmd += ["--set", s]
+    return cmd
+
+
+def run_stage(stage: str, config: str, run: Path, sets: list[str], log) -> dict:
+    cmd = stage_command(stage, config, run, sets)
     with timer() as t:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=offline_env(), stdout=log, stderr=subprocess.STDOUT)
         _, status, ru = os.wait4(proc.pid, 0)
@@ -114,7 +125,7 @@ def main(argv=None) -> int:
         run = ROOT / "runs" / f"scale-{n}"
         if run.exists() and not a.keep:
             shutil.rmtree(run)
-        sets = [f'corpus.paths=["{a.corpus}/part-*.parquet"]', f"corpus.max_shards={n // ROWS_PER_SHARD}", *a.set]
+        sets = corpus_sets(a.corpus, n, a.set)
         row = {"docs": n, "load_avg_before": load_avg()}
         run.mkdir(parents=True, exist_ok=True)
         with open(run.parent / f"scale-{n}.log", "w") as log:

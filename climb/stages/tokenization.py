@@ -309,6 +309,12 @@ def _parts_to_tokenize(store: Path, names: list[str], sources: dict[str, str]) -
         if sources[s] and stats.get("source", sources[s]) != sources[s]:
             shutil.rmtree(parts / s)  # its assignments changed: its tokens are of other clusters
             todo.add(s)
+        elif sources[s] and "source" not in stats and not _bad_parts(parts / s, stats):
+            # Written by the part's writer but not yet recorded by its task (the source, the duplicates,
+            # the documents decontamination left out): the task was cut short, a kill in between.
+            # Unmerged (its token files there), so not a part of an older run: made again.
+            shutil.rmtree(parts / s)
+            todo.add(s)
         elif _bad_parts(parts / s, stats) and not part_in_store(store, s):
             todo.add(s)
     return todo
