@@ -76,6 +76,7 @@ bench-e2e: $(STAMP)
 bench-scale: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/embed_static.py
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/scale.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/scale_kill.py --docs 10000000
 
 clean:
 	rm -rf runs .cache
