@@ -17,8 +17,6 @@ import shutil
 import pytest
 
 import proxies.tokens
-from climb import pipeline
-from climb.config import load_config
 from climb.io.files import read_json
 from climb.runtime.stage import RunPaths
 from climb.stages import tokenization
@@ -28,13 +26,7 @@ class Killed(BaseException):
     """Stands for kill -9: nothing after it runs (BaseException: no `except Exception` catches it)."""
 
 
-@pytest.fixture
-def clustered(tmp_path, fake_model, make_docs, write_shards):
-    write_shards(tmp_path / "corpus", make_docs(30), 2)
-    cfg = load_config(None, [f'corpus.paths=["{tmp_path}/corpus/*.parquet"]', "cluster.k=4", "cluster.niter=10"])
-    paths = RunPaths(tmp_path / "run")
-    pipeline.run_stage("cluster", cfg, paths.root)
-    return cfg, paths
+from test_damaged_outputs import clustered  # noqa: F401  (the same clustered two-shard run)
 
 
 def _records(paths: RunPaths) -> dict:
