@@ -1,9 +1,11 @@
-"""Near duplicates in a large fine cluster: the IVF search (climb.stages.dedup, above
-NEAR_EXACT_MAX documents) against the exact flat search, on a synthetic fine cluster of
-`--n` vectors with planted near duplicates. Recall of the exact search's pairs over the
-threshold, of its flagged duplicates (with the same kept document), the IVF's false pairs
-(none: it computes each candidate's cosine exactly), speed-up, and whether the result
-depends on the thread count. `--sizes` times both searches at other sizes (the flat one
+"""Near duplicates in a large fine cluster: the IVF search (climb.stages.dedup.ivf_pairs,
+above NEAR_EXACT_MAX documents: list by list, one matrix product a list) against FAISS's
+per-query search of the same lists (what the near pass ran before) and the exact flat
+search, on a synthetic fine cluster of `--n` vectors with planted near duplicates. Recall of
+the exact search's pairs over the threshold, of its flagged duplicates (with the same kept
+document), false pairs (none: each candidate's cosine is computed exactly), whether the two
+IVF searches return the same pairs, speed-ups measured side by side, and whether the result
+depends on the thread count (FAISS's and BLAS's). `--sizes` times the searches at other sizes (the flat one
 only up to `--flat-max`) for the choice of NEAR_EXACT_MAX. `--vectors` takes a real fine
 cluster's embeddings (an .npy of L2-normalised rows in corpus order) instead.
 
@@ -41,17 +43,47 @@ def synthetic(n: int, d: int = 384, seed: int = 0) -> tuple[np.ndarray, int]:
     return x.astype(np.float32), len(copies)
 
 
-def pairs(x: np.ndarray, threshold: float, neighbors: int, exact_max: int) -> set[tuple[int, int]]:
-    """The pairs over the threshold that the search (as near_groups runs it) returns."""
+def per_query_ivf(x: np.ndarray, threshold: float, neighbors: int) -> tuple[np.ndarray, np.ndarray]:
+    """The baseline: the same IVF lists searched query by query by FAISS (IndexIVFFlat.search,
+    what the near pass ran before `ivf_pairs`), the pairs over the threshold."""
+    import faiss
+
     from climb.stages import dedup
-    index = dedup._index(x, exact_max)
-    out = set()
+    n, d = x.shape
+    nlist = max(1, n // dedup.IVF_LIST)
+    index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+    index.cp.seed = dedup.IVF_SEED
+    index.nprobe = dedup.IVF_PROBE
+    sample = np.sort(np.random.default_rng(dedup.IVF_SEED).choice(n, min(n, dedup.IVF_TRAIN * nlist), replace=False))
+    index.train(x[sample])
+    index.add(x)
+    a_, b_ = [], []
+    for a in range(0, n, 8192):
+        sims, nbrs = index.search(x[a:a + 8192], min(neighbors + 1, n))
+        r, c = np.nonzero((sims >= threshold) & (nbrs >= 0))
+        keep = nbrs[r, c] != r + a
+        a_.append(r[keep] + a)
+        b_.append(nbrs[r, c][keep])
+    return np.concatenate(a_), np.concatenate(b_)
+
+
+def exact_pairs(x: np.ndarray, threshold: float, neighbors: int) -> tuple[np.ndarray, np.ndarray]:
+    """The exact search's pairs (a flat index, as near_groups runs it up to NEAR_EXACT_MAX)."""
+    from climb.stages import dedup
+    index = dedup._flat(x)
+    a_, b_ = [], []
     for a in range(0, len(x), 8192):
         sims, nbrs = index.search(x[a:a + 8192], min(neighbors + 1, len(x)))
-        for r, c in zip(*np.nonzero((sims >= threshold) & (nbrs >= 0))):
-            if r + a != nbrs[r, c]:
-                out.add((min(r + a, int(nbrs[r, c])), max(r + a, int(nbrs[r, c]))))
-    return out
+        r, c = np.nonzero((sims >= threshold) & (nbrs >= 0))
+        keep = nbrs[r, c] != r + a
+        a_.append(r[keep] + a)
+        b_.append(nbrs[r, c][keep])
+    return np.concatenate(a_), np.concatenate(b_)
+
+
+def as_set(ab: tuple[np.ndarray, np.ndarray]) -> set[tuple[int, int]]:
+    a, b = ab
+    return set(zip(np.minimum(a, b).tolist(), np.maximum(a, b).tolist()))
 
 
 def timed(fn):
@@ -60,8 +92,14 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
+def groups(x: np.ndarray, ab) -> np.ndarray:
+    from climb.stages import dedup
+    return dedup._firsts(len(x), *ab)
+
+
 def main() -> None:
     import faiss
+    from threadpoolctl import threadpool_limits
 
     from climb.stages import dedup
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -69,7 +107,7 @@ def main() -> None:
     ap.add_argument("--vectors", default="", help="a real fine cluster's embeddings (.npy) instead")
     ap.add_argument("--threshold", type=float, default=0.95)
     ap.add_argument("--neighbors", type=int, default=16)
-    ap.add_argument("--sizes", default="", help="comma-separated sizes to time both searches at")
+    ap.add_argument("--sizes", default="", help="comma-separated sizes to time the searches at")
     ap.add_argument("--flat-max", type=int, default=60_000, help="time the flat search only up to this size")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -80,34 +118,45 @@ def main() -> None:
     else:
         x, planted = synthetic(args.n)
     n = len(x)
-    flat, t_flat = timed(lambda: dedup.near_groups(x, th, nb, exact_max=n))
-    ivf, t_ivf = timed(lambda: dedup.near_groups(x, th, nb, exact_max=0))
-    p_flat, p_ivf = pairs(x, th, nb, n), pairs(x, th, nb, 0)
+    p_flat, t_flat = timed(lambda: exact_pairs(x, th, nb))
+    p_query, t_query = timed(lambda: per_query_ivf(x, th, nb))
+    p_list, t_list = timed(lambda: dedup.ivf_pairs(x, th, nb))
+    flat, query, listed = groups(x, p_flat), groups(x, p_query), groups(x, p_list)
+    s_flat, s_query, s_list = as_set(p_flat), as_set(p_query), as_set(p_list)
     flagged = flat != np.arange(n)
     threads = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)
-    one = dedup.near_groups(x, th, nb, exact_max=0)
+    with threadpool_limits(1):
+        one = dedup.ivf_pairs(x, th, nb)
     faiss.omp_set_num_threads(threads)
     sample = np.random.default_rng(1).choice(n, 1000, replace=False)
     top = np.sort(x[sample] @ x.T, axis=1)[:, -2]  # each sampled document's nearest other
+    probes = dedup.ivf_probes(x)
+    sizes = np.bincount(probes[:, 0])
     out = {"n": n, "d": int(x.shape[1]), "source": args.vectors or "synthetic", "planted_copies": planted,
            "threshold": th, "neighbors": nb, "nlist": max(1, n // dedup.IVF_LIST), "nprobe": dedup.IVF_PROBE,
+           "comparisons_per_query": round(float((sizes[probes]).sum() / n), 1),
            "nearest_other_cosine_quartiles": np.quantile(top, [0.25, 0.5, 0.75]).round(3).tolist(),
-           "pairs_exact": len(p_flat), "pairs_ivf": len(p_ivf), "pairs_found": len(p_flat & p_ivf),
-           "pair_recall": round(len(p_flat & p_ivf) / max(1, len(p_flat)), 5),
-           "pairs_ivf_not_exact": len(p_ivf - p_flat),
-           "duplicates_exact": int(flagged.sum()), "duplicates_ivf": int((ivf != np.arange(n)).sum()),
-           "duplicate_recall_same_first": round(float(((ivf == flat) & flagged).sum() / max(1, flagged.sum())), 5),
-           "seconds_exact": round(t_flat, 2), "seconds_ivf": round(t_ivf, 2), "speedup": round(t_flat / t_ivf, 2),
-           "threads": threads, "same_with_one_thread": bool(np.array_equal(one, ivf)),
-           "same_again": bool(np.array_equal(dedup.near_groups(x, th, nb, exact_max=0), ivf))}
+           "pairs_exact": len(s_flat), "pairs_per_query_ivf": len(s_query), "pairs_list_by_list": len(s_list),
+           "pair_recall": round(len(s_flat & s_list) / max(1, len(s_flat)), 5),
+           "pairs_list_by_list_not_exact": len(s_list - s_flat),
+           "pairs_list_by_list_equal_per_query": s_list == s_query,
+           "duplicates_exact": int(flagged.sum()), "duplicates_list_by_list": int((listed != np.arange(n)).sum()),
+           "duplicate_recall_same_first": round(float(((listed == flat) & flagged).sum() / max(1, flagged.sum())), 5),
+           "groups_equal_per_query": bool(np.array_equal(listed, query)),
+           "seconds_exact": round(t_flat, 2), "seconds_per_query_ivf": round(t_query, 2),
+           "seconds_list_by_list": round(t_list, 2), "speedup_over_per_query": round(t_query / t_list, 2),
+           "speedup_over_exact": round(t_flat / t_list, 2), "threads": threads,
+           "same_with_one_thread": as_set(one) == s_list, "same_again": as_set(dedup.ivf_pairs(x, th, nb)) == s_list}
     print(json.dumps(out, indent=1), flush=True)
     timings = []
     for size in [int(s) for s in args.sizes.split(",") if s]:
         y, _ = synthetic(size, seed=2)
-        row = {"n": size, "seconds_ivf": round(timed(lambda: dedup.near_groups(y, th, nb, exact_max=0))[1], 2)}
+        (pq, tq), (pl, tl) = timed(lambda: per_query_ivf(y, th, nb)), timed(lambda: dedup.ivf_pairs(y, th, nb))
+        row = {"n": size, "seconds_per_query_ivf": round(tq, 2), "seconds_list_by_list": round(tl, 2),
+               "speedup": round(tq / tl, 2), "same_pairs": as_set(pq) == as_set(pl)}
         if size <= args.flat_max:
-            row["seconds_exact"] = round(timed(lambda: dedup.near_groups(y, th, nb, exact_max=size))[1], 2)
+            row["seconds_exact"] = round(timed(lambda: exact_pairs(y, th, nb))[1], 2)
         print(json.dumps(row), flush=True)
         timings.append(row)
     out["timings"] = timings

@@ -165,9 +165,10 @@ def _planted(n: int, d: int, seed: int):
 
 def test_ivf_above_the_exact_size_finds_the_pairs_the_same_way_every_time(monkeypatch):
     import faiss
+    from threadpoolctl import threadpool_limits
     x = _planted(4000, 32, seed=5)
     exact = dedup.near_groups(x, 0.95, 16)
-    monkeypatch.setattr(dedup, "IVF_LIST", 100)  # 40 lists, 8 visited
+    monkeypatch.setattr(dedup, "IVF_LIST", 100)  # 40 lists, 4 visited
     approx = dedup.near_groups(x, 0.95, 16, exact_max=1000)
     flagged = exact != np.arange(len(x))
     assert flagged.sum() > 250
@@ -177,7 +178,35 @@ def test_ivf_above_the_exact_size_finds_the_pairs_the_same_way_every_time(monkey
     threads = faiss.omp_get_max_threads()
     try:
         faiss.omp_set_num_threads(1)
-        one = dedup.near_groups(x, 0.95, 16, exact_max=1000)
+        with threadpool_limits(1):
+            one = dedup.near_groups(x, 0.95, 16, exact_max=1000)
     finally:
         faiss.omp_set_num_threads(threads)
     assert np.array_equal(one, approx) and np.array_equal(dedup.near_groups(x, 0.95, 16, exact_max=1000), approx)
+
+
+def _pair_set(a, b):
+    return set(zip(np.minimum(a, b).tolist(), np.maximum(a, b).tolist()))
+
+
+def test_ivf_list_by_list_returns_what_faiss_searching_each_query_returns(monkeypatch):
+    """ivf_pairs (each list against the rows that visit it, one matrix product) gives the
+    pairs of FAISS's IndexIVFFlat search over the same lists, cut to `neighbors` a row."""
+    import faiss
+    monkeypatch.setattr(dedup, "IVF_LIST", 100)
+    x = _planted(3000, 32, seed=7)
+    x[100:160] = x[99] + 0.01 * np.random.default_rng(0).standard_normal((60, 32)).astype(np.float32)  # a group of 61
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    for neighbors in (4, 16):
+        n, d = x.shape
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, n // 100, faiss.METRIC_INNER_PRODUCT)
+        index.cp.seed = dedup.IVF_SEED
+        index.nprobe = dedup.IVF_PROBE
+        index.train(x[np.sort(np.random.default_rng(dedup.IVF_SEED).choice(n, dedup.IVF_TRAIN * (n // 100),
+                                                                              replace=False))])
+        index.add(x)
+        sims, nbrs = index.search(x, neighbors + 1)
+        r, c = np.nonzero((sims >= 0.95) & (nbrs >= 0) & (nbrs != np.arange(n)[:, None]))
+        a, b = dedup.ivf_pairs(x, 0.95, neighbors)
+        assert np.bincount(a, minlength=n).max() == neighbors  # the group of 61: cut to `neighbors` a row
+        assert _pair_set(a, b) == _pair_set(r, nbrs[r, c])

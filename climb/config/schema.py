@@ -142,9 +142,9 @@ class DedupConfig:
     # ... and near ones: within a fine k-means cluster, a document whose embedding has a
     # cosine of at least this with an earlier one's (SemDeDup); 0 = none. Each document's
     # `neighbors` nearest are compared (FAISS), so memory stays bounded in a large cluster:
-    # found exactly in a fine cluster of up to 20,000 documents, by an inverted-file index
-    # in a larger one (bounded work a document; 99.1% of the exact search's pairs found on
-    # the scale corpus, benchmarks/dedup_near.py).
+    # found exactly in a fine cluster of up to 20,000 documents, by inverted lists searched
+    # list by list in a larger one (bounded work a document; 99.1% of the exact search's
+    # pairs found on the scale corpus, benchmarks/dedup_near.py).
     threshold: float = 0.95
     neighbors: int = 16
     # false: counted and reported (clusters.json, the report, the dataset card), nothing

@@ -28,17 +28,22 @@ Built for 10^7 documents and more on one machine:
   shard's memory-mapped file), near ones a few fine clusters at a time (NEAR_PASS
   documents), and the kept documents' ids looked up MARK_BATCH duplicates at a time (each
   shard's id column read once a batch). The one cost that grows with the corpus over k
-  is the fine cluster being searched: its index holds its embeddings (4 x dim bytes a
-  document, +8 for IVF's ids), read into it BLOCK rows at a time from the mapped shards.
+  is the fine cluster being searched: its embeddings as float32 (4 x dim bytes a
+  document; a flat index reads them BLOCK rows at a time from the mapped shards), with, for
+  inverted lists, each document's lists (8 x IVF_PROBE bytes) and the pairs found (at most
+  IVF_PROBE x neighbors a document).
 - time: a fine cluster of up to NEAR_EXACT_MAX documents is searched exactly (a flat
   index, n^2 comparisons: results as before this bound existed, bit for bit); a larger
-  one with an inverted-file index (IndexIVFFlat: lists of ~IVF_LIST documents from a
-  seeded k-means on the cluster's own vectors, IVF_PROBE lists visited a query), so a
-  document costs a bounded number of comparisons. Every pair it returns is over the
-  threshold (cosines are computed exactly); it misses some: on a 69,785-document fine
-  cluster of the scale corpus it found 99.1% of the exact search's pairs, 3.5x faster;
-  on a synthetic 50,000 with planted copies, all of them (benchmarks/dedup_near.py). Its
-  output is the same run after run and with 1 or 2 threads.
+  one by inverted lists (`ivf_pairs`: lists of ~IVF_LIST documents from a seeded k-means
+  on the cluster's own vectors, IVF_PROBE lists visited a document), so a document costs a
+  bounded number of comparisons. The lists are searched one at a time, the documents that
+  visit a list against those filed in it as one matrix product: the pairs FAISS's
+  IndexIVFFlat search returns, 2.8-3.6x faster (synthetic 50,000 and 156,000). Every pair
+  it returns is over the threshold (cosines are computed exactly); it misses some: on a
+  69,785-document fine cluster of the scale corpus the same lists held 99.1% of the exact
+  search's pairs; on a synthetic 50,000 with planted copies, all of them
+  (benchmarks/dedup_near.py). Its output is the same run after run and with 1 or 2
+  threads.
 
     from climb.stages.dedup import text_hash, near_groups
 """
@@ -60,12 +65,14 @@ log = logging.getLogger(__name__)
 _DROP = re.compile(r"[\W_]+", re.UNICODE)
 
 # A fine cluster up to this size is searched exactly: a flat index, n^2 comparisons at BLAS speed.
-# Above it, an inverted-file index: a query compares ~IVF_PROBE x IVF_LIST documents (more where
-# the lists are uneven: ~3,000 on the scale corpus) at a fifth of BLAS's speed a comparison or
-# less. The two cost the same near 12,000 documents on the scale corpus's 256-d vectors and near
-# 35,000 on synthetic 384-d ones (2 busy cores; benchmarks/dedup_near.py): 20,000 lies between,
-# and keeps most of the 1M run's fine clusters (15,600 on average) exact. At 156,000 (10^7
-# documents, k = 64) IVF is 4x (synthetic) to 8x (scale corpus) faster, and grows linearly.
+# Above it, inverted lists: a document is compared with ~IVF_PROBE x IVF_LIST others (more where
+# the lists are uneven: ~3,000 on the scale corpus, ~8,000 on the synthetic cluster), list by
+# list at BLAS speed. Searched query by query by FAISS, the lists cost as much as the exact
+# search near 12,000 documents (scale corpus, 256-d) to 35,000 (synthetic, 384-d); list by list
+# they are faster from about 10,000 (synthetic: 10,000 1.0 s against exact 1.1 s, 20,000 1.9 s
+# against 4.4 s; 2 busy cores, benchmarks/dedup_near.py). 20,000 keeps most of the 1M run's
+# fine clusters (15,600 on average) exact, as they were. At 156,000 (10^7 documents, k = 64)
+# the lists take 17 s on the synthetic cluster, and grow linearly.
 NEAR_EXACT_MAX = 20_000
 IVF_LIST = 500  # documents an inverted list holds on average
 IVF_PROBE = 4  # lists a query visits
@@ -75,6 +82,7 @@ EXACT_BUCKET = 1 << 20  # documents a pass over the hash space (~70 MB of sort t
 NEAR_PASS = 1 << 21  # documents of the fine clusters one pass over the fine column gathers
 MARK_BATCH = 1 << 20  # duplicates whose kept documents' ids are looked up at once
 BLOCK = 8192  # embeddings added to an index, and queries searched, at a time
+QUERY_BLOCK = 4096  # an IVF list's visitors compared with it at a time (4096 x its size floats)
 
 
 def normalise(text: str) -> str:
@@ -105,35 +113,87 @@ def exact_firsts(hashes: np.ndarray, kept: np.ndarray) -> np.ndarray:
     return out
 
 
-def _index(emb, exact_max: int):
-    """A search index holding `emb` (an array, or _Rows), added a block at a time."""
+def _flat(emb):
+    """A flat inner-product index holding `emb` (an array, or _Rows), added a block at a time."""
     import faiss
-    n = len(emb)
     first = np.ascontiguousarray(emb[:BLOCK], dtype=np.float32)
-    d = first.shape[1]
-    if n <= exact_max:
-        index = faiss.IndexFlatIP(d)
-    else:
-        nlist = max(1, n // IVF_LIST)
-        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
-        index.cp.seed = IVF_SEED
-        index.nprobe = IVF_PROBE
-        sample = np.sort(np.random.default_rng(IVF_SEED).choice(n, min(n, IVF_TRAIN * nlist), replace=False))
-        index.train(np.ascontiguousarray(emb[sample], dtype=np.float32))
+    index = faiss.IndexFlatIP(first.shape[1])
     index.add(first)
-    for a in range(BLOCK, n, BLOCK):
+    for a in range(BLOCK, len(emb), BLOCK):
         index.add(np.ascontiguousarray(emb[a:a + BLOCK], dtype=np.float32))
     return index
+
+
+def ivf_probes(x: np.ndarray) -> np.ndarray:
+    """Each row's IVF_PROBE nearest inverted lists, nearest first (its own list, where it is
+    filed, is the first): the centroids of a seeded k-means (FAISS's IVF training, one list per
+    IVF_LIST rows) fitted on IVF_TRAIN rows a list."""
+    import faiss
+    n, d = x.shape
+    nlist = max(1, n // IVF_LIST)
+    ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+    ivf.cp.seed = IVF_SEED
+    sample = np.sort(np.random.default_rng(IVF_SEED).choice(n, min(n, IVF_TRAIN * nlist), replace=False))
+    ivf.train(x[sample])
+    return ivf.quantizer.search(x, min(IVF_PROBE, nlist))[1]
+
+
+def _nearest(q: np.ndarray, o: np.ndarray, s: np.ndarray, neighbors: int):
+    """The pairs (q, o, s) cut to each q's `neighbors` most similar o (ties: the smaller o)."""
+    order = np.lexsort((o, -s, q))
+    q, o, s = q[order], o[order], s[order]
+    start = np.flatnonzero(np.r_[True, q[1:] != q[:-1]])
+    rank = np.arange(len(q)) - np.repeat(start, np.diff(np.r_[start, len(q)]))
+    keep = rank < neighbors
+    return q[keep], o[keep], s[keep]
+
+
+def ivf_pairs(x: np.ndarray, threshold: float, neighbors: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs (a, b), a != b, with cosine >= threshold where b is among a's `neighbors` most
+    similar rows of the IVF_PROBE lists a visits (what an IndexIVFFlat search returns), found
+    list by list: the rows that visit a list against the rows filed in it, as one matrix
+    product (BLAS) QUERY_BLOCK queries at a time. The same pairs as FAISS's per-query search at
+    about a third of its time (benchmarks/dedup_near.py)."""
+    n = len(x)
+    probes = ivf_probes(x)
+    nlist = int(probes.max()) + 1
+    filed = np.argsort(probes[:, 0], kind="stable")
+    filed_at = np.r_[0, np.cumsum(np.bincount(probes[:, 0], minlength=nlist))]
+    visits = np.argsort(probes.ravel(), kind="stable") // probes.shape[1]  # rows, list by list
+    visits_at = np.r_[0, np.cumsum(np.bincount(probes.ravel(), minlength=nlist))]
+    rt = _row_type(n)
+    qs, os_, ss = [np.zeros(0, rt)], [np.zeros(0, rt)], [np.zeros(0, np.float32)]
+    for lst in range(nlist):
+        held = filed[filed_at[lst]:filed_at[lst + 1]]
+        queries = visits[visits_at[lst]:visits_at[lst + 1]]
+        if not len(held) or not len(queries):
+            continue
+        xh = x[held].T
+        for a in range(0, len(queries), QUERY_BLOCK):
+            q = queries[a:a + QUERY_BLOCK]
+            sims = x[q] @ xh
+            r, c = np.nonzero(sims >= threshold)
+            keep = q[r] != held[c]
+            r, c = r[keep], c[keep]
+            if len(r):
+                found = _nearest(q[r].astype(rt), held[c].astype(rt), sims[r, c], neighbors)
+                for acc, v in zip((qs, os_, ss), found):
+                    acc.append(v)
+    q, o, _ = _nearest(np.concatenate(qs), np.concatenate(os_), np.concatenate(ss), neighbors)
+    return q, o
 
 
 def near_groups(emb, threshold: float, neighbors: int, exact_max: int = NEAR_EXACT_MAX) -> np.ndarray:
     """For each row of `emb` (L2-normalised, in corpus order; an array or _Rows), the first row
     of its group of near duplicates (cosine >= threshold with a neighbour, transitively),
-    itself if none. Exact up to `exact_max` rows, approximate (IVF) above."""
+    itself if none. Exact up to `exact_max` rows, approximate (IVF, `ivf_pairs`) above."""
     n = len(emb)
     if n < 2:
         return np.arange(n)
-    index = _index(emb, exact_max)
+    if n > exact_max:
+        a, b = ivf_pairs(np.ascontiguousarray(emb[:], dtype=np.float32), threshold, neighbors)
+        return _firsts(n, a, b)
+    index = _flat(emb)
     k = min(neighbors + 1, n)
     a_, b_ = [], []
     for a in range(0, n, BLOCK):  # queries in blocks: results stay block x k
