@@ -210,3 +210,18 @@ def test_ivf_list_by_list_returns_what_faiss_searching_each_query_returns(monkey
         a, b = dedup.ivf_pairs(x, 0.95, neighbors)
         assert np.bincount(a, minlength=n).max() == neighbors  # the group of 61: cut to `neighbors` a row
         assert _pair_set(a, b) == _pair_set(r, nbrs[r, c])
+
+
+def test_ivf_reads_half_precision_shards_as_stored_with_the_same_result(monkeypatch):
+    """Above the exact size the fine cluster is held as the shards store it (float16: half the
+    memory), each block computed in float32: the groups of the float32 copy of the same values."""
+    monkeypatch.setattr(dedup, "IVF_LIST", 100)
+    x = _planted(3000, 32, seed=9).astype(np.float16)
+    shards = [x[:1100], x[1100:2000], x[2000:]]
+    offsets = np.array([0, 1100, 2000, 3000])
+    rows = np.arange(3000)
+    held = dedup._Rows(rows, offsets, lambda s: shards[s])
+    assert held.stored().dtype == np.float16 and held[:5].dtype == np.float32
+    got = dedup.near_groups(held, 0.95, 16, exact_max=1000)
+    want = dedup.near_groups(x.astype(np.float32), 0.95, 16, exact_max=1000)
+    assert (want != rows).sum() > 200 and np.array_equal(got, want)

@@ -134,8 +134,10 @@ def ivf_probes(x: np.ndarray) -> np.ndarray:
     ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
     ivf.cp.seed = IVF_SEED
     sample = np.sort(np.random.default_rng(IVF_SEED).choice(n, min(n, IVF_TRAIN * nlist), replace=False))
-    ivf.train(x[sample])
-    return ivf.quantizer.search(x, min(IVF_PROBE, nlist))[1]
+    ivf.train(np.ascontiguousarray(x[sample], dtype=np.float32))
+    k = min(IVF_PROBE, nlist)
+    return np.concatenate([ivf.quantizer.search(np.ascontiguousarray(x[a:a + BLOCK], dtype=np.float32), k)[1]
+                           for a in range(0, n, BLOCK)])
 
 
 def _nearest(q: np.ndarray, o: np.ndarray, s: np.ndarray, neighbors: int):
@@ -149,7 +151,8 @@ def _nearest(q: np.ndarray, o: np.ndarray, s: np.ndarray, neighbors: int):
 
 
 def ivf_pairs(x: np.ndarray, threshold: float, neighbors: int) -> tuple[np.ndarray, np.ndarray]:
-    """The pairs (a, b), a != b, with cosine >= threshold where b is among a's `neighbors` most
+    """`x`: the rows, L2-normalised, float32 or float16 (computed in float32 a block at a time).
+    The pairs (a, b), a != b, with cosine >= threshold where b is among a's `neighbors` most
     similar rows of the IVF_PROBE lists a visits (what an IndexIVFFlat search returns), found
     list by list: the rows that visit a list against the rows filed in it, as one matrix
     product (BLAS) QUERY_BLOCK queries at a time. The same pairs as FAISS's per-query search at
@@ -168,10 +171,10 @@ def ivf_pairs(x: np.ndarray, threshold: float, neighbors: int) -> tuple[np.ndarr
         queries = visits[visits_at[lst]:visits_at[lst + 1]]
         if not len(held) or not len(queries):
             continue
-        xh = x[held].T
+        xh = np.asarray(x[held], dtype=np.float32).T
         for a in range(0, len(queries), QUERY_BLOCK):
             q = queries[a:a + QUERY_BLOCK]
-            sims = x[q] @ xh
+            sims = np.asarray(x[q], dtype=np.float32) @ xh
             r, c = np.nonzero(sims >= threshold)
             keep = q[r] != held[c]
             r, c = r[keep], c[keep]
@@ -191,7 +194,7 @@ def near_groups(emb, threshold: float, neighbors: int, exact_max: int = NEAR_EXA
     if n < 2:
         return np.arange(n)
     if n > exact_max:
-        a, b = ivf_pairs(np.ascontiguousarray(emb[:], dtype=np.float32), threshold, neighbors)
+        a, b = ivf_pairs(emb.stored() if isinstance(emb, _Rows) else np.asarray(emb), threshold, neighbors)
         return _firsts(n, a, b)
     index = _flat(emb)
     k = min(neighbors + 1, n)
@@ -269,14 +272,15 @@ def _fine_clusters(fine: np.ndarray, offsets: np.ndarray):
         f0 = f1
 
 
-def _gather(rows: np.ndarray, offsets: np.ndarray, embeddings) -> np.ndarray:
-    """The embeddings of these (sorted) rows as float32, read shard by shard."""
+def _gather(rows: np.ndarray, offsets: np.ndarray, embeddings, stored: bool = False) -> np.ndarray:
+    """The embeddings of these (sorted) rows as float32 (or as stored: float16 or float32),
+    read shard by shard."""
     cut = np.searchsorted(rows, offsets)
     out = None
     for s in np.flatnonzero(cut[1:] > cut[:-1]):
         e = embeddings(s)
         if out is None:
-            out = np.empty((len(rows), e.shape[1]), np.float32)
+            out = np.empty((len(rows), e.shape[1]), e.dtype if stored and e.dtype == np.float16 else np.float32)
         out[cut[s]:cut[s + 1]] = e[rows[cut[s]:cut[s + 1]] - offsets[s]]
     return out
 
@@ -293,6 +297,10 @@ class _Rows:
 
     def __getitem__(self, which) -> np.ndarray:  # a slice or sorted positions
         return _gather(self.rows[which], self.offsets, self.embeddings)
+
+    def stored(self) -> np.ndarray:
+        """All of them in the shards' dtype (half the memory where they are stored as float16)."""
+        return _gather(self.rows, self.offsets, self.embeddings, stored=True)
 
 
 def find_duplicates(dcfg: DedupConfig, fine: np.ndarray, offsets: np.ndarray, hashes,

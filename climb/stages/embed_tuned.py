@@ -201,7 +201,7 @@ def prepare(cfg, files, folder, teacher: Teacher) -> tuple[str, dict]:
 
     def write(tmp: Path) -> None:
         write_student(tmp, teacher, ids, texts, {"key": key, "read_seconds": round(read_seconds, 2)}, kind)
-    build_once(cached, _DONE, write, f"teaching a static embedding on {len(ids)} documents of the corpus")
+    build_once(cached, _DONE, write, f"teaching a student ({kind}) on {len(ids)} documents of the corpus")
     tmp = dest.with_name(f".student.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(cached, tmp)
