@@ -28,8 +28,9 @@ Built for 10^7 documents and more on one machine:
   shard's memory-mapped file), near ones a few fine clusters at a time (NEAR_PASS
   documents), and the kept documents' ids looked up MARK_BATCH duplicates at a time (each
   shard's id column read once a batch). The one cost that grows with the corpus over k
-  is the fine cluster being searched: its embeddings as float32 (4 x dim bytes a
-  document; a flat index reads them BLOCK rows at a time from the mapped shards), with, for
+  is the fine cluster being searched: its embeddings (a flat index: as float32, 4 x dim
+  bytes a document, read BLOCK rows at a time from the mapped shards; inverted lists: as
+  stored, 2 x dim bytes under embed.store_dtype = "float16"), with, for
   inverted lists, each document's lists (8 x IVF_PROBE bytes) and the pairs found (at most
   IVF_PROBE x neighbors a document).
 - time: a fine cluster of up to NEAR_EXACT_MAX documents is searched exactly (a flat
