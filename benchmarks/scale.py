@@ -18,6 +18,11 @@ Results: benchmarks/results/scale.json (per N: `docs`, and per stage `seconds`,
 `docs_per_s`, `peak_rss_mb`, `disk_mb`; then `fits`, `ratios` and `static_speedup`,
 the static embedding's speed-up over the torch default from embed_static.json) and a
 plot beside it, scale.png (`--plot-only` redraws it).
+
+`--redo STAGE ...` measures those stages again in the kept run folders after a change
+to them (the other stages' figures are taken from --out, the row names what was
+redone): each stage's folder is moved aside, the stage runs, and its outputs are
+compared byte for byte with the earlier ones (`same_outputs`; manifests aside).
 """
 from __future__ import annotations
 
@@ -67,6 +72,17 @@ def run_stage(stage: str, config: str, run: Path, sets: list[str], log) -> dict:
             "peak_rss_mb": round(ru.ru_maxrss / 1024), "disk_mb": round(du_mb(run / stage), 1)}
 
 
+def same_outputs(before: Path, after: Path) -> list[str]:
+    """The files (manifests and stage state aside) that differ between two stage folders."""
+    skip = {"manifest.json", "stage_state.json"}
+
+    def files(d: Path) -> dict:
+        return {str(f.relative_to(d)): f for f in d.rglob("*") if f.is_file() and f.name not in skip}
+    a, b = files(before), files(after)
+    return sorted(k for k in a.keys() | b.keys()
+                  if k not in a or k not in b or a[k].read_bytes() != b[k].read_bytes())
+
+
 def fit(n: list[int], y: list[float]) -> dict:
     """y ~ a + b * N (least squares) and the share of y's variance it leaves."""
     n_, y_ = np.asarray(n, float), np.asarray(y, float)
@@ -105,6 +121,8 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], help="more config overrides for every size")
     ap.add_argument("--keep", action="store_true", help="keep finished stages of an earlier run (default: fresh)")
     ap.add_argument("--out", type=Path, default=RESULTS / "scale.json")
+    ap.add_argument("--redo", nargs="+", choices=STAGES, default=[],
+                    help="measure these stages again in the kept run folders; the others' figures come from --out")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from --out and stop")
     a = ap.parse_args(argv)
     if a.plot_only:
@@ -119,6 +137,13 @@ def main(argv=None) -> int:
             return 0  # no shared corpus: scale_corpus said so
     res = {"name": "scale", "config": a.config, "sets": a.set, "sizes": {},
            "environment": machine("python", "torch", "cpus", "date")}
+    earlier = None
+    if a.redo:
+        if not a.out.exists():
+            raise SystemExit(f"scale: --redo measures stages again beside {a.out}'s figures; run without it first")
+        earlier = json.loads(a.out.read_text())
+        res["sets"] = earlier.get("sets", a.set)
+        a.keep = True
     for n in sorted(a.sizes):
         if n % ROWS_PER_SHARD:
             raise SystemExit(f"scale: sizes are multiples of {ROWS_PER_SHARD:,}; got {n:,}")
@@ -127,10 +152,25 @@ def main(argv=None) -> int:
             shutil.rmtree(run)
         sets = corpus_sets(a.corpus, n, a.set)
         row = {"docs": n, "load_avg_before": load_avg()}
+        if earlier is not None:
+            row = {**earlier["sizes"][str(n)], "redone": {"stages": a.redo, "load_avg_before": row["load_avg_before"],
+                                                          "date": res["environment"]["date"]}}
         run.mkdir(parents=True, exist_ok=True)
-        with open(run.parent / f"scale-{n}.log", "w") as log:
+        with open(run.parent / f"scale-{n}.log", "a" if a.redo else "w") as log:
             for stage in STAGES:
+                if a.redo and stage not in a.redo:
+                    continue
+                before = run / f"{stage}.before"
+                if a.redo:
+                    shutil.rmtree(before, ignore_errors=True)
+                    (run / stage).rename(before)
                 r = run_stage(stage, a.config, run, sets, log)
+                if a.redo:
+                    r["same_outputs"] = not (differ := same_outputs(before, run / stage))
+                    if differ:
+                        r["differing_files"] = differ[:20]
+                    else:
+                        shutil.rmtree(before)
                 r["docs_per_s"] = round(n / r["seconds"], 1) if r["seconds"] else None
                 row[stage] = r
                 print(f"scale: {n:,} documents, {stage}: {json.dumps(r)}", flush=True)

@@ -75,10 +75,16 @@ class LocalExecutor:
         return self.processes
 
     def map(self, fn: Callable, tasks: Sequence[Any], desc: str = "", resources: dict | None = None,
-            on_result: Callable[[int, Any], None] | None = None, parallel: bool = False) -> list:
+            on_result: Callable[[int, Any], None] | None = None, parallel: bool = False,
+            fresh_every: int = 0) -> list:
+        """`fresh_every` > 0 (a serial map): more tasks than that run in a child process replaced
+        after every `fresh_every` of them (climb.runtime.workers.fresh_map), fewer in this one."""
         if parallel and self.processes > 1 and len(tasks) > 1:
             from climb.runtime.workers import pool_map
             return pool_map(fn, tasks, self.processes, desc=desc, on_result=on_result)
+        if not parallel and 0 < fresh_every < len(tasks):
+            from climb.runtime.workers import fresh_map
+            return fresh_map(fn, tasks, fresh_every, desc=desc, on_result=on_result)
         out = []
         for i, t in enumerate(tqdm(tasks, desc=desc, disable=len(tasks) < 2, leave=False)):
             r = fn(t)
@@ -157,7 +163,9 @@ class DaskExecutor:
         return max(1, sum(w.get("nthreads", 1) for w in workers))
 
     def map(self, fn: Callable, tasks: Sequence[Any], desc: str = "", resources: dict | None = None,
-            on_result: Callable[[int, Any], None] | None = None, parallel: bool = True) -> list:
+            on_result: Callable[[int, Any], None] | None = None, parallel: bool = True,
+            fresh_every: int = 0) -> list:
+        # fresh_every is the local executor's; a Dask worker's memory is held by its memory_limit.
         from distributed import as_completed
         from distributed.scheduler import KilledWorker
         tasks = list(tasks)
