@@ -150,7 +150,7 @@ def main(argv=None) -> int:
         run = ROOT / "runs" / f"scale-{n}"
         if run.exists() and not a.keep:
             shutil.rmtree(run)
-        sets = corpus_sets(a.corpus, n, a.set)
+        sets = corpus_sets(a.corpus, n, res["sets"])  # --redo: the earlier run's
         row = {"docs": n, "load_avg_before": load_avg()}
         if earlier is not None:
             row = {**earlier["sizes"][str(n)], "redone": {"stages": a.redo, "load_avg_before": row["load_avg_before"],
