@@ -143,6 +143,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"scale: --redo measures stages again beside {a.out}'s figures; run without it first")
         earlier = json.loads(a.out.read_text())
         res["sets"] = earlier.get("sets", a.set)
+        res["sizes"] = dict(earlier["sizes"])  # a size not redone keeps its row
         a.keep = True
     for n in sorted(a.sizes):
         if n % ROWS_PER_SHARD:
