@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+from pathlib import Path
+
+import pytest
 
 from climb.runtime.executor import LocalExecutor
 from climb.runtime.workers import fresh_map
@@ -54,3 +58,47 @@ def test_tokenizing_in_replaced_children_writes_the_store_the_stage_writes_in_pr
     assert {k: v for k, v in in_children.items() if k != "seconds"} == {
         k: v for k, v in in_process.items() if k != "seconds"}
     assert _store_files(paths) == want
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a parent's death signal is Linux's")
+def test_a_child_dies_with_its_killed_parent(tmp_path):
+    """kill -9 of the stage's process takes the child tokenising a shard with it, so a rerun
+    never writes a part beside a leftover child still writing the same part."""
+    import signal
+    import subprocess
+    import time
+    pidfile = tmp_path / "child.pid"
+    script = (
+        "import os, sys, time\n"
+        "sys.path[:0] = [{root!r}, {tests!r}]\n"
+        "from climb.runtime.workers import fresh_map\n"
+        "from test_tokenize_fresh import _write_pid_then_sleep\n"
+        "fresh_map(_write_pid_then_sleep, [{pidfile!r}], every=1)\n"
+    ).format(root=str(Path(__file__).resolve().parents[1]), tests=str(Path(__file__).resolve().parent),
+             pidfile=str(pidfile))
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.time() + 60
+    while not pidfile.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert pidfile.exists(), "the child never started"
+    child = int(pidfile.read_text())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.time() + 10
+    while _alive(child) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def _write_pid_then_sleep(path: str) -> None:
+    import time
+    Path(path).write_text(str(os.getpid()))
+    time.sleep(120)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"  # a zombie has died
+    except FileNotFoundError:
+        return False
