@@ -11,6 +11,9 @@ the token store (memory-mapped), tokenizer and target once and reuses them.
 
     from climb.runtime.workers import pool_map, cpu_slots
     records = pool_map(train_and_score, tasks, processes=cpu_slots())
+
+`fresh_map` is the other kind: tasks one at a time in a child process replaced every
+few tasks, for work whose native libraries keep memory per task (the tokenize stage).
 """
 from __future__ import annotations
 
