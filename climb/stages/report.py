@@ -74,6 +74,10 @@ def plot_clusters(clusters: list[dict], centroids: np.ndarray, out: Path) -> lis
 
 def plot_search(results: list[dict], plans: dict, goal: str, name: str, out: Path) -> list[str]:
     plt = _plt()
+    # In a stable order, not the log's (parallel proxies finish in any order; a resumed search
+    # appends in another): each point keeps its jitter, so the figure is the same bytes.
+    results = sorted(results, key=lambda r: (r.get("iteration", -1), str(r.get("mixture_id", "")),
+                                             str(r.get("seed", ""))))
     # A proxy stopped at its rung (search.halving) holds a predicted final value: drawn hollow,
     # and neither "best so far" nor "measured".
     stopped = [r for r in results if r["status"] == "ok" and r["iteration"] >= 0 and "stopped" in r]
