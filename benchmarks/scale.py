@@ -22,7 +22,8 @@ plot beside it, scale.png (`--plot-only` redraws it).
 `--redo STAGE ...` measures those stages again in the kept run folders after a change
 to them (the other stages' figures are taken from --out, the row names what was
 redone): each stage's folder is moved aside, the stage runs, and its outputs are
-compared byte for byte with the earlier ones (`same_outputs`; manifests aside).
+compared with the earlier ones as scale_kill.py compares them (`same_outputs`: byte for
+byte, or apart from what times a run).
 """
 from __future__ import annotations
 
@@ -70,17 +71,6 @@ def run_stage(stage: str, config: str, run: Path, sets: list[str], log) -> dict:
     stats = manifest.get("stats", {})
     return {"seconds": stats.get("seconds"), "wall_seconds": round(t.seconds, 1),
             "peak_rss_mb": round(ru.ru_maxrss / 1024), "disk_mb": round(du_mb(run / stage), 1)}
-
-
-def same_outputs(before: Path, after: Path) -> list[str]:
-    """The files (manifests and stage state aside) that differ between two stage folders."""
-    skip = {"manifest.json", "stage_state.json"}
-
-    def files(d: Path) -> dict:
-        return {str(f.relative_to(d)): f for f in d.rglob("*") if f.is_file() and f.name not in skip}
-    a, b = files(before), files(after)
-    return sorted(k for k in a.keys() | b.keys()
-                  if k not in a or k not in b or a[k].read_bytes() != b[k].read_bytes())
 
 
 def fit(n: list[int], y: list[float]) -> dict:
@@ -167,11 +157,13 @@ def main(argv=None) -> int:
                     (run / stage).rename(before)
                 r = run_stage(stage, a.config, run, sets, log)
                 if a.redo:
-                    r["same_outputs"] = not (differ := same_outputs(before, run / stage))
-                    if differ:
-                        r["differing_files"] = differ[:20]
-                    else:
+                    from scale_kill import compare_folders
+                    cmp = compare_folders(before, run / stage)
+                    r["same_outputs"] = cmp["identical"]
+                    if cmp["identical"]:
                         shutil.rmtree(before)
+                    else:
+                        r["differing_files"] = cmp["differing"][:20]
                 r["docs_per_s"] = round(n / r["seconds"], 1) if r["seconds"] else None
                 row[stage] = r
                 print(f"scale: {n:,} documents, {stage}: {json.dumps(r)}", flush=True)

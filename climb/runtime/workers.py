@@ -39,12 +39,16 @@ def cpu_slots() -> int:
         return os.cpu_count() or 1
 
 
+def _log_like_parent(level: int) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
 def _init(level: int) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
     import torch
     torch.set_num_threads(1)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    _log_like_parent(level)
 
 
 def _pool(n: int) -> ProcessPoolExecutor:
@@ -60,10 +64,15 @@ def shutdown(kill: bool = False) -> None:
     """Stop the worker processes (at exit; `kill` stops running proxies too)."""
     for n, pool in list(_POOLS.items()):
         _POOLS.pop(n, None)
-        if kill:
-            for p in list(getattr(pool, "_processes", {}).values()):
-                p.terminate()
-        pool.shutdown(wait=not kill, cancel_futures=True)
+        _stop(pool, kill)
+
+
+def _stop(pool: ProcessPoolExecutor, kill: bool) -> None:
+    """Shut a pool down; `kill` terminates its running tasks first."""
+    if kill:
+        for p in list(getattr(pool, "_processes", {}).values()):
+            p.terminate()
+    pool.shutdown(wait=not kill, cancel_futures=True)
 
 
 atexit.register(shutdown)
@@ -81,7 +90,7 @@ def _init_fresh(level: int) -> None:
             pass
         if os.getppid() == 1:  # the parent died before the line above ran
             os._exit(1)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    _log_like_parent(level)
 
 
 def fresh_map(fn: Callable, tasks: Sequence[Any], every: int, desc: str = "",
@@ -105,12 +114,10 @@ def fresh_map(fn: Callable, tasks: Sequence[Any], every: int, desc: str = "",
                     on_result(len(out) - 1, out[-1])
                 bar.update()
         except BaseException:
-            for p in list(getattr(pool, "_processes", {}).values()):
-                p.terminate()
-            pool.shutdown(wait=False, cancel_futures=True)
+            _stop(pool, kill=True)
             bar.close()
             raise
-        pool.shutdown(wait=True)
+        _stop(pool, kill=False)
     bar.close()
     return out
 
