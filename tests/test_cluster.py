@@ -455,3 +455,45 @@ def test_store_dtype_is_checked():
     assert load_config(None, ['embed.store_dtype="float16"']).embed.store_dtype == "float16"
     with pytest.raises(ConfigError, match="store_dtype"):
         load_config(None, ['embed.store_dtype="bf16"'])
+
+
+def _cluster_files(root: Path) -> dict[str, bytes]:
+    d = root / "cluster"
+    return {str(f.relative_to(d)): f.read_bytes() for f in sorted(d.rglob("*"))
+            if f.is_file() and f.name not in ("manifest.json", "kmeans.json") and not f.name.startswith(".")}
+
+
+def test_a_cluster_stage_stopped_after_kmeans_keeps_its_centroids(tmp_path, corpus, fake_model, monkeypatch):
+    """Killed while assigning (after k-means, before the plan): the rerun fits nothing again,
+    keeps the shard already assigned, and writes what an undisturbed run writes."""
+    import climb.stages.cluster as cluster
+    root = tmp_path / "run"
+    cfg = _cfg(corpus, k=3)
+    first = _run(root, cfg)
+    undisturbed = _cluster_files(root)
+    fit = json.loads((root / "cluster" / cluster.KMEANS_FIT).read_text())
+    assert fit["kmeans"]["backend"] == first["kmeans"]["backend"] and len(fit["sources"]) == SHARDS
+    # The state a kill during shard 1's assignment leaves: no manifest, plan or summary, shard 0
+    # assigned, the rest not.
+    for rel in ("manifest.json", "fitted.json", "clusters.json", "cluster_centroids.npy"):
+        (root / "cluster" / rel).unlink()
+    for s in (1, 2):
+        for sub in ("fine", "assign"):
+            (root / "cluster" / sub / f"part-{s:05d}.parquet").unlink()
+    for f in (root / "cluster" / "summary_parts").glob("part-0000[12]*"):
+        f.unlink()
+    monkeypatch.setattr(cluster, "train_kmeans", lambda *a, **k: pytest.fail("k-means fitted again"))
+    again = cluster.run(cfg, RunPaths(root))
+    assert again["assigned_now"] == ["part-00001", "part-00002"]
+    assert again["kmeans"] == first["kmeans"]  # the fit's stats, as the undisturbed run has them
+    assert _cluster_files(root) == undisturbed
+
+    # A fit on other embeddings (a shard's vectors changed since) is not kept: k-means runs.
+    for rel in ("manifest.json", "fitted.json"):
+        (root / "cluster" / rel).unlink()
+    fit["sources"]["part-00000"] = "another"
+    (root / "cluster" / cluster.KMEANS_FIT).write_text(json.dumps(fit))
+    fitted = []
+    monkeypatch.setattr(cluster, "train_kmeans", lambda *a, **k: fitted.append(1) or train_kmeans(*a, **k))
+    cluster.run(cfg, RunPaths(root))
+    assert fitted == [1] and _cluster_files(root) == undisturbed

@@ -17,7 +17,8 @@ replaced; the settings the same), the centroids and the fine -> cluster plan are
 (`fitted.json` says what they were fitted on), only the new or changed shards are
 assigned (each shard's files record the embeddings they came from), and the stats say
 how far the new documents lie from their centroids against those fitted on (`drift`);
-`cluster.refit = true` fits k-means again instead.
+`cluster.refit = true` fits k-means again instead. A stage stopped after k-means keeps the
+centroids it fitted (`kmeans.json`) and the shards it assigned.
 
     climb cluster --config pipelines/demo.toml --run runs/demo
 """
@@ -32,13 +33,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from climb.config import ClusterConfig, CorpusConfig, RunConfig, digest
-from climb.io.files import InputError, read_aligned, read_json, write_json, write_parquet
+from climb.io.files import InputError, read_aligned, read_json, write_json, write_npy, write_parquet
 from climb.runtime.stage import RunPaths, execute, output_digest, upstream_key, upstream_resume
 from climb.stages.dedup import text_hash
 from climb.stages.embed import load_embeddings, load_ids
 from climb.stages.kmeans import assign, train_kmeans
 
 log = logging.getLogger(__name__)
+# The k-means fit (its embeddings' digests and stats), written once the centroids are: a stage
+# stopped after it keeps the centroids rather than fitting them again.
+KMEANS_FIT = "kmeans.json"
 SNIPPET = 240
 
 
@@ -292,6 +296,21 @@ def _kept_fit(paths: RunPaths, resumable: bool) -> dict | None:
         return None
 
 
+def _fit_in_flight(paths: RunPaths, sources: dict) -> dict | None:
+    """The k-means fit of this stage's run that stopped before its plan (`fitted.json`) was
+    written, if it was fitted on these very embeddings: begin() removed it had the settings
+    changed."""
+    out = paths.cluster
+    record = out.dir / KMEANS_FIT
+    if not (record.exists() and out.centroids.exists()):
+        return None
+    try:
+        fit = read_json(record)
+    except ValueError:
+        return None
+    return fit if fit.get("sources") == sources else None
+
+
 def _drop_stale(paths: RunPaths, names: list[str]) -> None:
     """A shard that left the corpus takes its assignments and summary part with it."""
     out = paths.cluster
@@ -315,10 +334,15 @@ def _cluster(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     kept = _kept_fit(paths, resume_key(cfg, paths) is not None)
     _drop_stale(paths, names)
     sources = {s: output_digest(paths, "embed", f"{s}.npy") or "" for s in names}
-    if kept is None:
+    fit = None if kept is not None else _fit_in_flight(paths, sources)
+    if fit is not None:  # a run stopped after k-means: its centroids stand, the shards assigned stay
+        cents, kstats = np.load(out.centroids), fit["kmeans"]
+        log.info("cluster: the centroids fitted before the stage stopped are kept (k-means not run again)")
+    elif kept is None:
         sample = _sample(paths, names, sizes, settings.sample_size, settings.seed)
         cents, kstats = train_kmeans(sample, settings.k, settings.niter, settings.seed)
-        np.save(out.centroids, cents)
+        write_npy(out.centroids, cents)
+        write_json(out.dir / KMEANS_FIT, {"sources": sources, "kmeans": kstats})
     else:
         cents = np.load(out.centroids)
         kstats = {"seconds": 0.0, "backend": "kept", "fitted_on": kept["shards"]}
