@@ -488,6 +488,12 @@ def test_a_cluster_stage_stopped_after_kmeans_keeps_its_centroids(tmp_path, corp
     assert again["kmeans"] == first["kmeans"]  # the fit's stats, as the undisturbed run has them
     assert _cluster_files(root) == undisturbed
 
+    # Stopped later (after the plan, while summarising): the plan kept, the fit's stats reported.
+    (root / "cluster" / "manifest.json").unlink()
+    (root / "cluster" / "clusters.json").unlink()
+    later = cluster.run(cfg, RunPaths(root))
+    assert later["kmeans"] == first["kmeans"] and _cluster_files(root) == undisturbed
+
     # A fit on other embeddings (a shard's vectors changed since) is not kept: k-means runs.
     for rel in ("manifest.json", "fitted.json"):
         (root / "cluster" / rel).unlink()

@@ -334,8 +334,8 @@ def _cluster(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     kept = _kept_fit(paths, resume_key(cfg, paths) is not None)
     _drop_stale(paths, names)
     sources = {s: output_digest(paths, "embed", f"{s}.npy") or "" for s in names}
-    fit = None if kept is not None else _fit_in_flight(paths, sources)
-    if fit is not None:  # a run stopped after k-means: its centroids stand, the shards assigned stay
+    fit = _fit_in_flight(paths, sources)
+    if kept is None and fit is not None:  # a run stopped after k-means: its centroids stand, the shards assigned stay
         cents, kstats = np.load(out.centroids), fit["kmeans"]
         log.info("cluster: the centroids fitted before the stage stopped are kept (k-means not run again)")
     elif kept is None:
@@ -345,7 +345,8 @@ def _cluster(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         write_json(out.dir / KMEANS_FIT, {"sources": sources, "kmeans": kstats})
     else:
         cents = np.load(out.centroids)
-        kstats = {"seconds": 0.0, "backend": "kept", "fitted_on": kept["shards"]}
+        # Fitted on these very embeddings (a run stopped after its plan): that fit's stats.
+        kstats = fit["kmeans"] if fit is not None else {"seconds": 0.0, "backend": "kept", "fitted_on": kept["shards"]}
     from climb.io.digests import file_digest
     fitted_to = file_digest(out.centroids)  # an assignment is of these embeddings to these centroids
     tasks = [AssignTask(shard=s, path=str(files[s]), run_dir=str(paths.root), corpus=cfg.corpus, cluster=settings,
