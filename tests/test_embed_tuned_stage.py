@@ -101,3 +101,43 @@ def test_a_tuned_sample_below_a_hundred_is_refused():
         load_config(None, ['embed.backend="tuned"', "embed.tune_sample=10"])
     with pytest.raises(ConfigError, match="embed.student"):
         load_config(None, ['embed.backend="tuned"', 'embed.student="bigrams"'])
+
+
+def test_a_teacher_pass_killed_resumes_at_the_chunk_in_flight(offline, tmp_path, monkeypatch):
+    """Killed in the teacher's pass over the sample: the rerun computes only the chunks not kept,
+    the student and its vectors are those of an undisturbed run, and the chunks go once it is made."""
+    corpus = tmp_path / "corpus"
+    write_parquet_shards(corpus, vocab_docs(40), 2)
+    cfg = _cfg(corpus, "tfidf")
+    monkeypatch.setattr(embed_tuned, "TEACHER_CHUNK", 30)  # the 100 sample documents in 4 chunks
+    # Its own cache: how the teacher's pass is cut into calls moves its vectors by rounding.
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-undisturbed"))
+    pipeline.run_stage("embed", cfg, tmp_path / "a", with_deps=False)
+    undisturbed = _vectors(RunPaths(tmp_path / "a"))
+
+    fresh = tmp_path / "hf-fresh"  # no cached student: the teacher runs again
+    monkeypatch.setenv("HF_HOME", str(fresh))
+    monkeypatch.setattr(embed, "_MODELS", {})
+    real, taught = embed.encode, []
+
+    def teacher_killed_at(n):
+        def encode(model, texts, ecfg):
+            if type(model).__name__ == "SentenceTransformer":  # the teacher, not the student
+                taught.append(len(texts))
+                if len(taught) == n:
+                    raise RuntimeError("killed")
+            return real(model, texts, ecfg)
+        return encode
+    monkeypatch.setattr(embed, "encode", teacher_killed_at(3))
+    with pytest.raises(RuntimeError, match="killed"):
+        pipeline.run_stage("embed", cfg, tmp_path / "b", with_deps=False)
+    assert taught == [30, 30, 30]
+    chunks = list((fresh / "climb" / "tuned").glob(".*.teacher"))
+    assert len(chunks) == 1 and len(list(chunks[0].glob("*.npy"))) == 2
+
+    taught.clear()
+    monkeypatch.setattr(embed, "encode", teacher_killed_at(0))
+    pipeline.run_stage("embed", cfg, tmp_path / "b", with_deps=False)
+    assert taught == [30, 10]  # the chunk in flight and the last one
+    assert _vectors(RunPaths(tmp_path / "b")) == undisturbed
+    assert not list((fresh / "climb" / "tuned").glob(".*.teacher"))

@@ -259,11 +259,8 @@ def _teacher(cfg: RunConfig):
     from climb.stages.embed_tuned import Teacher
     tcfg = dataclasses.replace(cfg.embed, backend="torch")
 
-    def vectors(texts: list[str]) -> np.ndarray:
-        model = load_model(tcfg)
-        starts = range(0, len(texts), 2048)
-        bar = tqdm(starts, desc="embed: the teacher's pass over the sample", unit="batch", leave=False, mininterval=5)
-        return np.concatenate([encode(model, texts[a:a + 2048], tcfg) for a in bar])
+    def vectors(texts: list[str]) -> np.ndarray:  # called a chunk at a time (embed_tuned.checkpointed)
+        return encode(load_model(tcfg), texts, tcfg)
 
     def static():
         return load_static(tcfg.model, model_path(tcfg.model), STATIC_DIMS, tcfg.max_seq_length).model

@@ -32,6 +32,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,9 +200,15 @@ def prepare(cfg, files, folder, teacher: Teacher) -> tuple[str, dict]:
     key = student_key(teacher, ids, texts, kind)
     cached = cache_root() / "tuned" / f"{cache_slug(cfg.embed.model)}-{key}"
 
+    # The teacher's pass is kept chunk by chunk beside the cache: a stage killed during it
+    # resumes at the chunk in flight.
+    chunks = cached.with_name(f".{cached.name}.teacher")
+    resumable = dataclasses.replace(teacher, vectors=checkpointed(teacher.vectors, chunks))
+
     def write(tmp: Path) -> None:
-        write_student(tmp, teacher, ids, texts, {"key": key, "read_seconds": round(read_seconds, 2)}, kind)
+        write_student(tmp, resumable, ids, texts, {"key": key, "read_seconds": round(read_seconds, 2)}, kind)
     build_once(cached, _DONE, write, f"teaching a student ({kind}) on {len(ids)} documents of the corpus")
+    shutil.rmtree(chunks, ignore_errors=True)
     tmp = dest.with_name(f".student.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(cached, tmp)
@@ -210,6 +217,40 @@ def prepare(cfg, files, folder, teacher: Teacher) -> tuple[str, dict]:
     info = json.loads((dest / _DONE).read_text())
     log.info("embed: the student (%s, %d documents, %s) in %s", info["kind"], info["sample"], key, dest)
     return str(dest), info
+
+
+TEACHER_CHUNK = 2048  # documents per kept chunk of the teacher's pass
+
+
+def checkpointed(vectors: Callable[[list[str]], np.ndarray], folder, chunk: int | None = None):
+    """`vectors` run `chunk` texts at a time, each chunk's result kept in `folder` (written whole
+    or not at all) and read back, not computed, when it is there. The folder must be keyed on
+    the texts and on what computes them (prepare names it after the student's key)."""
+    from pathlib import Path
+
+    from tqdm.auto import tqdm
+
+    from climb.io.files import write_npy
+    folder, chunk = Path(folder), chunk or TEACHER_CHUNK
+
+    def run(texts: list[str]) -> np.ndarray:
+        folder.mkdir(parents=True, exist_ok=True)
+        starts = range(0, len(texts), chunk)
+        kept = sum((folder / f"{i:05d}.npy").exists() for i in range(len(starts)))
+        if kept:
+            log.info("embed: the teacher's pass resumes; %d of %d chunks were done before", kept, len(starts))
+        parts = []
+        bar = tqdm(starts, desc="embed: the teacher's pass over the sample", unit="chunk", leave=False, mininterval=5)
+        for i, a in enumerate(bar):
+            path = folder / f"{i:05d}.npy"
+            if path.exists():
+                parts.append(np.load(path))
+                continue
+            v = np.asarray(vectors(texts[a:a + chunk]), dtype=np.float32)
+            write_npy(path, v)
+            parts.append(v)
+        return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
+    return run
 
 
 def write_student(folder, teacher: Teacher, ids, texts, extra: dict | None = None, kind: str = STUDENT) -> dict:
