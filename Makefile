@@ -75,7 +75,7 @@ bench-e2e: $(STAMP)
 # 2 cores): builds runs/scale-corpus from ../shared/data first, then results/scale.json.
 bench-scale: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/embed_static.py
-	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/scale.py
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/scale.py --set 'embed.backend="static"'
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/scale.py --sizes 1000000 10000000 --set 'embed.backend="tuned"' \
 		--set 'embed.student="tfidf"' --out benchmarks/results/scale_10m.json
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/scale_kill.py --docs 10000000

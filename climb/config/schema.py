@@ -68,11 +68,14 @@ class EmbedConfig:
     # "auto": bf16 on CUDA and on CPUs with AMX (without it bf16 is slower), fp32 elsewhere;
     # or "fp32", "fp16", "bf16" (on the OpenVINO backend: its inference precision).
     dtype: str = "auto"
-    # "torch" (plain sentence-transformers); "openvino"; or "auto": OpenVINO on a CPU
-    # (faster than plain torch fp32 with near-identical embeddings, see BENCHMARKS.md,
-    # Stage speed; converted once from the local weights, cached under $HF_HOME/climb),
-    # torch elsewhere. Not the default: over five demo search seeds its found mixtures
-    # were not shown to be within 0.01 bpb of torch's (BENCHMARKS.md, Stage speed).
+    # "torch" (plain sentence-transformers); "openvino" (faster than plain torch fp32 on a
+    # CPU with near-identical embeddings, BENCHMARKS.md, Stage speed; converted once from
+    # the local weights, cached under $HF_HOME/climb); or "auto": on a CPU, a corpus of
+    # 600,000 documents or more is embedded by the TF-IDF student ("tuned" with student
+    # "tfidf", which passed its rule: BENCHMARKS.md, "A TF-IDF student in the teacher's
+    # space"; climb.stages.embed.AUTO_TUNED_DOCS), a smaller one by OpenVINO (torch where
+    # it is not installed); torch on a GPU. Not the default: over five demo search seeds
+    # OpenVINO's found mixtures were not shown to be within 0.01 bpb of torch's.
     # "static": a static embedding (model2vec) distilled once from `model`, cached under
     # $HF_HOME/climb/static; tens of times faster on a CPU, less topically precise
     # (BENCHMARKS.md, "A static embedding"); the embeddings have 256 dimensions.
@@ -83,11 +86,12 @@ class EmbedConfig:
     backend: str = "torch"
     # Documents the "tuned" student learns from, drawn by a seeded hash of their ids.
     tune_sample: int = 20_000
-    # The "tuned" student: "tokens" (model2vec's token vectors trained on the teacher's),
-    # "linear" (the static embedding ridge-mapped into the teacher's space) or "tfidf"
-    # (TF-IDF vectors ridge-mapped into the teacher's space, climb/stages/embed_tfidf.py;
-    # 384 dimensions). BENCHMARKS.md measures each against the torch default.
-    student: str = "tokens"
+    # The "tuned" student: "tfidf" (TF-IDF vectors ridge-mapped into the teacher's space,
+    # climb/stages/embed_tfidf.py; 384 dimensions; the one that passed its rule), "tokens"
+    # (model2vec's token vectors trained on the teacher's) or "linear" (the static embedding
+    # ridge-mapped into the teacher's space). BENCHMARKS.md measures each against the torch
+    # default.
+    student: str = "tfidf"
     # The element type of the embedding files `embed/<shard>.npy`: "float32", or "float16"
     # (half the disk: 0.77 GB rather than 1.5 GB per million documents at 384 dimensions).
     # Not `dtype`, the precision the model runs in. The vectors are L2-normalised, so the

