@@ -86,12 +86,14 @@ class EmbedConfig:
     backend: str = "torch"
     # Documents the "tuned" student learns from, drawn by a seeded hash of their ids.
     tune_sample: int = 20_000
-    # The "tuned" student: "tfidf" (TF-IDF vectors ridge-mapped into the teacher's space,
-    # climb/stages/embed_tfidf.py; 384 dimensions; the one that passed its rule), "tokens"
-    # (model2vec's token vectors trained on the teacher's) or "linear" (the static embedding
-    # ridge-mapped into the teacher's space). BENCHMARKS.md measures each against the torch
-    # default.
-    student: str = "tfidf"
+    # The "tuned" student: "tokens" (model2vec's token vectors trained on the teacher's),
+    # "linear" (the static embedding ridge-mapped into the teacher's space) or "tfidf"
+    # (TF-IDF vectors ridge-mapped into the teacher's space, climb/stages/embed_tfidf.py;
+    # 384 dimensions; the one that passed its rule, and what "auto" uses). BENCHMARKS.md
+    # measures each against the torch default. The default stays "tokens": a field at its
+    # default enters no stage key (ADDED_FIELDS), so moving it would re-embed every run
+    # folder that has a tuned student.
+    student: str = "tokens"
     # The element type of the embedding files `embed/<shard>.npy`: "float32", or "float16"
     # (half the disk: 0.77 GB rather than 1.5 GB per million documents at 384 dimensions).
     # Not `dtype`, the precision the model runs in. The vectors are L2-normalised, so the
