@@ -73,6 +73,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -497,7 +498,10 @@ def main(argv=None) -> int:
     res = {"name": "scale_kill", "docs": a.docs, "config": a.config, "sets": a.set, "at": a.at,
            "reference": str(a.reference), "run": str(a.run), "trials": [],
            "environment": machine("python", "torch", "cpus", "load_avg", "date")}
-    with open(a.run.parent / f"{a.run.name}.log", "w") as log:
+    # --keep goes on with an earlier invocation's run folder, so its log goes on too
+    with open(a.run.parent / f"{a.run.name}.log", "a" if a.keep else "w") as log:
+        log.write(f"== scale_kill {' '.join(sys.argv[1:])} ({res['environment']['date']})\n")
+        log.flush()
         ensure_reference(a.reference, upto, a.config, sets, log)
         for stage in upto:
             if stage not in a.stages:
