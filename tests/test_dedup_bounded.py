@@ -225,3 +225,51 @@ def test_ivf_reads_half_precision_shards_as_stored_with_the_same_result(monkeypa
     got = dedup.near_groups(held, 0.95, 16, exact_max=1000)
     want = dedup.near_groups(x.astype(np.float32), 0.95, 16, exact_max=1000)
     assert (want != rows).sum() > 200 and np.array_equal(got, want)
+
+
+def test_a_near_pass_stopped_part_way_resumes_at_the_fine_cluster_in_flight(clustered, monkeypatch):
+    """A stage killed in the near pass (minutes at 10^7 documents) keeps the fine clusters it had
+    searched: the rerun searches only the others, marks what an unbroken pass marks, and leaves
+    no kept pass behind. Kept groups under other settings are not reused."""
+    import dataclasses
+    from climb.stages.cluster import _dedup
+    cfg, paths, names = clustered
+    cfg = dataclasses.replace(cfg, dedup=dataclasses.replace(cfg.dedup, threshold=0.9))
+    c = int(json.loads(paths.cluster.summary.read_text())["n_clusters"])
+    real, calls = dedup.near_groups, []
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    monkeypatch.setattr(dedup, "near_groups", counted)
+    want_counts = _dedup(cfg, paths, names, c)
+    want, searched = _marked(paths, names), len(calls)
+    assert searched >= 4 and not (paths.cluster.dir / dedup.NEAR_KEPT).exists()
+
+    class Killed(Exception):
+        pass
+
+    def dies_after_two(*a, **k):
+        if len(calls) == searched + 2:
+            raise Killed
+        return counted(*a, **k)
+    monkeypatch.setattr(dedup, "near_groups", dies_after_two)
+    with pytest.raises(Killed):
+        _dedup(cfg, paths, names, c)
+    assert len(list((paths.cluster.dir / dedup.NEAR_KEPT).glob("*.npz"))) == 2
+    monkeypatch.setattr(dedup, "near_groups", counted)
+    calls.clear()
+    assert _dedup(cfg, paths, names, c) == want_counts
+    assert _marked(paths, names) == want and len(calls) == searched - 2
+    assert not (paths.cluster.dir / dedup.NEAR_KEPT).exists()
+
+    monkeypatch.setattr(dedup, "near_groups", dies_after_two)  # killed again, then other settings
+    calls[:] = [1] * searched
+    with pytest.raises(Killed):
+        _dedup(cfg, paths, names, c)
+    other = dataclasses.replace(cfg, dedup=dataclasses.replace(cfg.dedup, threshold=0.95))
+    monkeypatch.setattr(dedup, "near_groups", counted)
+    calls.clear()
+    _dedup(other, paths, names, c)
+    assert len(calls) == searched
+    _dedup(cfg, paths, names, c)  # the module's fixture as the other tests expect it
