@@ -500,7 +500,7 @@ def main(argv=None) -> int:
            "environment": machine("python", "torch", "cpus", "load_avg", "date")}
     # --keep goes on with an earlier invocation's run folder, so its log goes on too
     with open(a.run.parent / f"{a.run.name}.log", "a" if a.keep else "w") as log:
-        log.write(f"== scale_kill {' '.join(sys.argv[1:])} ({res['environment']['date']})\n")
+        log.write(f"== scale_kill {' '.join(sys.argv[1:] if argv is None else argv)} ({res['environment']['date']})\n")
         log.flush()
         ensure_reference(a.reference, upto, a.config, sets, log)
         for stage in upto:

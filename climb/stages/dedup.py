@@ -56,14 +56,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from climb.config import DedupConfig
-from climb.io.files import write_parquet
+from climb.io.files import atomic_path, write_parquet
 
 log = logging.getLogger(__name__)
 _DROP = re.compile(r"[\W_]+", re.UNICODE)
@@ -316,7 +318,6 @@ class NearKept:
     whose key does not match is computed again, never reused."""
 
     def __init__(self, folder, base: str):
-        from pathlib import Path
         self.folder, self.base = Path(folder), base
 
     def _key(self, rows: np.ndarray) -> str:
@@ -341,13 +342,9 @@ class NearKept:
             return None
 
     def put(self, rows: np.ndarray, first: np.ndarray) -> None:
-        import os
         at = np.flatnonzero(first != rows)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self._path(rows)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
-        np.savez(tmp, key=np.array(self._key(rows)), at=at.astype(np.int32), first=first[at])
-        os.replace(tmp, path)
+        with atomic_path(self._path(rows)) as tmp, open(tmp, "wb") as fh:
+            np.savez(fh, key=np.array(self._key(rows)), at=at.astype(np.int32), first=first[at])
 
 
 def find_duplicates(dcfg: DedupConfig, fine: np.ndarray, offsets: np.ndarray, hashes,
@@ -488,6 +485,5 @@ def dedup(dcfg: DedupConfig, paths, names: list[str], k: int, n_clusters: int) -
             part = counts(shard_kind, cluster, load_ids(paths, names[i])["bytes"].to_numpy(), n_clusters)
             total = {name: total.get(name, 0) + v for name, v in part.items()}
         s = e
-    import shutil
     shutil.rmtree(near.folder, ignore_errors=True)  # every shard marked: the pass is in the files
     return {name: v.tolist() for name, v in total.items()}
