@@ -124,3 +124,77 @@ def test_the_undisturbed_run_has_the_figures_a_resume_could_change(finished):
     assert oof[0] is None and all(v is not None for v in oof[1:])
     assert len(want["results.jsonl"]) == sum(ITERATIONS)
     assert want["replicates.json"] and want["comparison.json"]
+
+
+def test_quality_does_not_depend_on_the_order_proxies_finished_in(finished, tmp_path):
+    """Proxies running in parallel finish in any order, and a resumed run appends in yet another:
+    the same results in another order give the same figures to the last bit (quality.json's noise,
+    SNR and steadiness, the mixture, the tables)."""
+    import random
+    cfg, ref, want = finished
+    paths = RunPaths(tmp_path / "run")
+    shutil.copytree(ref.root, paths.root)
+    _kill(paths, sum(ITERATIONS), len(ITERATIONS), ("replicates.json", "comparison.json"))
+    lines = paths.search.results.read_text().splitlines()
+    random.Random(7).shuffle(lines)
+    assert [json.loads(x)["mixture_id"] for x in lines] != sorted(json.loads(x)["mixture_id"] for x in lines)
+    paths.search.results.write_text("".join(x + "\n" for x in lines))
+    rep = json.loads(paths.search.dir.joinpath("replicates.json").read_text())  # and the replicates' seeds
+    paths.search.dir.joinpath("replicates.json").write_text(json.dumps(
+        {k: dict(reversed(list(v.items()))) if isinstance(v, dict) else v for k, v in reversed(list(rep.items()))}))
+    search.run(cfg, paths)
+    got = outputs(paths)
+    assert want["quality.json"]["steadiness"]["pick_sd"] is not None
+    for f in want:
+        if f not in ("results.jsonl", "replicates.json"):
+            assert got[f] == want[f], f"{f} differs when the proxies finished in another order"
+
+
+def test_noise_figures_are_computed_in_mixture_order():
+    """Floating-point sums depend on their order: the figures are computed over the results and
+    replicates sorted by mixture id and seed, so any finishing order gives the same bits."""
+    import random
+
+    import numpy as np
+    rng = np.random.default_rng(0)
+    cfg = load_config(None, [])
+    results = [{"mixture_id": f"it0-{i:03d}", "iteration": 0, "status": "ok",
+                "objective": float(2 + rng.normal(0, 0.1))} for i in range(8)]
+    reps = {f"it0-{i:03d}": {s: float(2 + rng.normal(0, 0.01)) for s in (0, 1, 2)} for i in range(6)}
+    runs = {m: {s: {"objective": float(2 + rng.normal(0, 0.01))} for s in range(5)} for m in ("climb", "uniform")}
+    want = search._quality(cfg, results, reps, runs, [])
+    differ = 0
+    for t in range(50):
+        r = random.Random(t)
+        shuffled = r.sample(results, len(results))
+        reps_s = {k: dict(r.sample(list(v.items()), len(v))) for k, v in r.sample(list(reps.items()), len(reps))}
+        runs_s = {k: dict(r.sample(list(v.items()), len(v))) for k, v in r.sample(list(runs.items()), len(runs))}
+        got = search._quality(cfg, shuffled, reps_s, runs_s, [])
+        for k in ("seed_sd", "paired_sd", "swarm_sd", "snr"):
+            assert got[k] == want[k], (t, k)
+        differ += float(np.std([x["objective"] for x in shuffled], ddof=1)) != want["swarm_sd"]
+    assert differ  # the unsorted figure does change with the order: the check above can fail
+
+
+def test_a_replayed_final_rule_picks_what_a_search_run_with_it_does(finished, tmp_path):
+    """The final rule does not steer the trajectory, so replaying it on a finished search's results
+    (as benchmarks/steady_pick.py does) gives the pick a search run with that rule makes."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from climb.stages.search_common import final_mixture, mixture_space
+    cfg, ref, want = finished
+    other = replace(cfg, search=replace(cfg.search, final="predicted", final_top_k=16))
+    space = mixture_space(other, tokenization.cluster_tokens(ref))
+    replayed = final_mixture(other, space, search.read_results(ref))
+    paths = RunPaths(tmp_path / "run")
+    shutil.copytree(ref.root, paths.root)
+    for f in paths.search.dir.iterdir():  # a fresh search folder: the rule's own run from scratch
+        if f.is_file():
+            f.unlink()
+    search.run(other, paths)
+    got = json.loads(paths.search.mixture.read_text())
+    assert [r["mixture_id"] for r in search.read_results(paths)] == [r["mixture_id"] for r in search.read_results(ref)]
+    np.testing.assert_array_equal(got["weights"], replayed["weights"])
+    assert not np.allclose(got["weights"], want["mixture.json"]["weights"])  # another rule, another pick

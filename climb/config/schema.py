@@ -322,9 +322,16 @@ class SearchConfig:
     predictor: str = "default"
     # Final mixture: "seen" (the best measured), "measured-predicted" (the measured
     # mixture the predictor rates best) or "predicted" (the best predicted of a fresh
-    # pool and the measured mixtures; with final_top_k > 1, the mean of the top k).
+    # pool and the measured mixtures; with final_top_k > 1, the mean of the top k, put back
+    # inside search.min_weight and the epoch caps: climb/optimize/pick.py).
     final: str = "seen"
     final_top_k: int = 1
+    # With final = "predicted": the pick pays final_kl * KL(w || natural) in the objective's units
+    # (Olmix's kl_reg), so it strays from the natural mixture only for a predicted gain. 0: off.
+    final_kl: float = 0.0
+    # How steady the pick is: the pick made again on this many bootstrap resamples of the
+    # run's results (search/quality.json's `pick_sd`, climb/optimize/pick.py). 0: off.
+    steadiness_boot: int = 16
     seed: int = 0
     # Seeds for the final comparison proxies (eval_seed, eval_seed + 1, ...); the
     # search itself never uses them. Each compared mixture is trained eval_seeds times.
@@ -594,7 +601,7 @@ ADDED_FIELDS = {
     "RunConfig": ("dedup", "tokenize"),
     "EmbedConfig": ("tune_sample", "store_dtype", "student"),
     "ClusterConfig": ("refit",),
-    "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens"),
+    "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens", "final_kl", "steadiness_boot"),
     "TargetConfig": ("lm_eval", "lm_eval_include", "contamination", "decontaminate"),
     "ExportConfig": ("format", "eod"),
 }

@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 # Below these, the run says the signal is too weak to search on.
 MIN_OOF_SPEARMAN = 0.3
 MIN_SNR = 2.0
+# Above this multiple of the paired seed noise, the bootstrap spread of the pick (pick_sd) is
+# called unsteady: resampling the run's own proxies moves its answer more than one proxy's noise.
+MAX_PICK_NOISE = 1.0
 
 
 def noise(table) -> dict:
@@ -190,6 +193,13 @@ def warnings(q: dict) -> list[str]:
         out.append(f"mixed devices or precisions: this search's proxies trained in {' and '.join(mixed)}, whose "
                    "results are not comparable; set proxy.device and proxy.precision, and train those again "
                    "(a new run folder, or delete search/)")
+    st = q.get("steadiness") or {}
+    noise = q.get("paired_sd")
+    if st.get("pick_sd") is not None and noise and st["pick_sd"] > MAX_PICK_NOISE * noise:
+        out.append(f"unsteady pick: on resamples of this run's proxies the pick's predicted objective moves by "
+                   f"sd {st['pick_sd']:.4f}, {st['pick_sd'] / noise:.1f}x the proxies' paired seed noise (want <= "
+                   f"{MAX_PICK_NOISE:g}x), so another search seed may well find another answer; train more "
+                   "proxies (search.iterations) or pick from the predictor (search.final, search.final_top_k)")
     for name, c in (q.get("comparison") or {}).items():
         if c.get("verdict") == "not resolved":
             out.append(f"not resolved against {name}: the 95% interval of the difference spans zero with "

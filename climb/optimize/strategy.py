@@ -53,6 +53,8 @@ class Strategy:
     explore_frac: float = 0.25
     final: str = "seen"
     final_top_k: int = 1
+    # The predicted pick pays final_kl * KL(w || natural): 0, none.
+    final_kl: float = 0.0
     # Proposals keep at least this L1 distance from each other and from measured mixtures.
     min_l1: float = 0.05
     # The last iteration only feeds the final pick: measure the best predicted, no exploration.
@@ -73,6 +75,7 @@ def from_search_config(search_cfg) -> Strategy:
     """The strategy a `SearchConfig` describes."""
     return Strategy(predictor=search_cfg.predictor, acquisition=search_cfg.acquisition,
                     explore_frac=search_cfg.explore_frac, final=search_cfg.final, final_top_k=search_cfg.final_top_k,
+                    final_kl=search_cfg.final_kl,
                     min_l1=search_cfg.dedup_l1, exploit_last=search_cfg.exploit_last)
 
 
@@ -128,21 +131,57 @@ def plan(it: int, n: int, X_seen, y_seen, goal: str, pool: np.ndarray, strategy:
     return free[idx], [float(p) for p in pred]
 
 
-def final_pick(X_seen, y_seen, goal: str, pool: np.ndarray, strategy: Strategy, seed: int) -> dict:
-    """The chosen mixture: weights, the predictor's value for it, and the predictor's name."""
-    X_seen, y_seen = np.asarray(X_seen, float), np.asarray(y_seen, float)
+def pick_weights(X_seen, y_seen, goal: str, pool: np.ndarray, strategy: Strategy, model, bounds=None,
+                 natural=None) -> np.ndarray:
+    """The weights `strategy.final` picks, `model` fitted on (X_seen, y_seen).
+
+    `bounds` (max_weight, min_weight): an averaged pick is projected back inside them
+    (climb.optimize.pick.project); `natural` with `strategy.final_kl` > 0: the predicted
+    pick pays final_kl * KL(w || natural) (in the objective's units), as Olmix's proposer does.
+    """
     s = goal_sign(goal)
-    model = _fit(strategy, X_seen, y_seen, seed)
     if strategy.final == "seen":
-        w = X_seen[int(np.argmin(s * y_seen))]
-    elif strategy.final == "measured-predicted":
-        w = X_seen[int(np.argmin(s * model.predict(X_seen)))]
-    else:
-        C = np.vstack([np.asarray(pool, float), X_seen])
-        order = np.argsort(s * model.predict(C), kind="stable")
-        w = C[order[: max(1, strategy.final_top_k)]].mean(0)
+        return X_seen[int(np.argmin(s * y_seen))]
+    if strategy.final == "measured-predicted":
+        return X_seen[int(np.argmin(s * model.predict(X_seen)))]
+    C = np.vstack([np.asarray(pool, float), X_seen])
+    score = s * model.predict(C)
+    if strategy.final_kl and natural is not None:
+        score = score + strategy.final_kl * kl_to(C, natural)
+    w = C[np.argsort(score, kind="stable")[: max(1, strategy.final_top_k)]].mean(0)
     w = w / w.sum()
-    return {"weights": w, "predicted": float(model.predict(w[None])[0]), "predictor": model.name}
+    if bounds is not None and strategy.final_top_k > 1:
+        from climb.optimize.pick import project
+        w = project(w, *bounds)
+    return w
+
+
+def kl_to(W, natural) -> np.ndarray:
+    """KL(w || natural) per row, in nats (0 log 0 = 0)."""
+    W, q = np.asarray(W, float), np.asarray(natural, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(W > 0, W * np.log(W / np.where(q > 0, q, 1e-300)), 0.0)
+    return t.sum(-1)
+
+
+def final_pick(X_seen, y_seen, goal: str, pool: np.ndarray, strategy: Strategy, seed: int, bounds=None,
+               natural=None, steadiness: int = 0) -> dict:
+    """The chosen mixture: weights, the predictor's value for it, and the predictor's name.
+
+    `steadiness` > 0: also the pick made again on that many bootstrap resamples of the results
+    (climb.optimize.pick.steadiness), each scored by the predictor fitted on all of them.
+    """
+    X_seen, y_seen = np.asarray(X_seen, float), np.asarray(y_seen, float)
+    model = _fit(strategy, X_seen, y_seen, seed)
+    w = pick_weights(X_seen, y_seen, goal, pool, strategy, model, bounds, natural)
+    w = w / w.sum()
+    out = {"weights": w, "predicted": float(model.predict(w[None])[0]), "predictor": model.name}
+    if steadiness:
+        from climb.optimize.pick import steadiness as boot
+        out["steadiness"] = boot(
+            lambda Xb, yb: pick_weights(Xb, yb, goal, pool, strategy, _fit(strategy, Xb, yb, seed), bounds, natural),
+            X_seen, y_seen, goal, model.predict, n_boot=steadiness, seed=seed)
+    return out
 
 
 def simulate(X: np.ndarray, y: np.ndarray, goal: str, iterations, strategy: Strategy, seed: int = 0,

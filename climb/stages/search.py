@@ -169,6 +169,8 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     if prior is not None:
         quality["merge_spearman" if search_cfg.merge else "experts_spearman"] = skill
     quality["comparison"] = verdicts
+    if "steadiness" in final:
+        quality["steadiness"] = {k: v for k, v in final["steadiness"].items() if k != "picks"}
     quality["warnings"] = warnings(quality)
     if scan is not None:
         quality["contamination"] = {"docs": scan["docs"], "tokens": scan["tokens"],
@@ -208,12 +210,15 @@ def _oof(cfg: RunConfig, results: list[dict]) -> float | None:
 
 def _quality(cfg: RunConfig, results: list[dict], reps: dict, runs: dict, oof: list) -> dict:
     """Noise (replicates and comparison runs pooled), signal (iteration 1's spread), SNR, predictor skill."""
-    tables = [[list(row.values()) for row in reps.values()]] if reps else []
+    # In a fixed order (by mixture, then seed), so a resumed run's figures match an undisturbed one's
+    # to the last bit, whatever order its proxies finished in.
+    tables = [[[row[s] for s in sorted(row, key=str)] for _, row in sorted(reps.items())]] if reps else []
     if runs:
-        tables.append([[rec["objective"] for rec in per.values()] for per in runs.values()])
+        tables.append([[per[s]["objective"] for s in sorted(per, key=str)] for _, per in sorted(runs.items())])
     clean = [[[v if v is not None else np.nan for v in row] for row in t] for t in tables]
     n = pooled_noise(clean)
-    swarm = [r["objective"] for r in results if r["iteration"] == 0 and r["status"] == "ok"]
+    swarm = [r["objective"] for r in sorted(results, key=lambda r: r["mixture_id"])
+             if r["iteration"] == 0 and r["status"] == "ok"]
     sd = float(np.std(swarm, ddof=1)) if len(swarm) > 2 else None
     return {"seed_sd": n["seed_sd"], "paired_sd": n["paired_sd"], "noise_df": n["df"], "swarm_sd": sd,
             "snr": snr(swarm, n["paired_sd"]), "predictor_oof_spearman": oof,

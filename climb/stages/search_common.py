@@ -165,9 +165,16 @@ def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | 
     strategy = dc_replace(from_search_config(search_cfg), prior=prior)
     if rule is not None:
         strategy = dc_replace(strategy, final=rule, final_top_k=1)
-    pick = final_pick(X, y, cfg.target.goal, pool, strategy, search_cfg.seed)
+    pick = final_pick(X, y, cfg.target.goal, pool, strategy, search_cfg.seed,
+                      bounds=(space["max_weight"], search_cfg.min_weight), natural=space["natural"],
+                      steadiness=search_cfg.steadiness_boot)
     w = np.where(space["usable"], pick["weights"], 0.0)
     w /= w.sum()
     best_seen = ok[int(np.argmin(goal_sign(cfg.target.goal) * y))]
-    return {"weights": w.tolist(), "predicted": pick["predicted"], "predictor": pick["predictor"],
-            "best_seen": {"mixture_id": best_seen["mixture_id"], "objective": best_seen["objective"]}}
+    out = {"weights": w.tolist(), "predicted": pick["predicted"], "predictor": pick["predictor"],
+           "best_seen": {"mixture_id": best_seen["mixture_id"], "objective": best_seen["objective"]}}
+    if "steadiness" in pick:
+        st = pick["steadiness"]
+        out["steadiness"] = {k: v for k, v in st.items() if k != "picks"}
+        out["steadiness"]["picks"] = np.round(st["picks"], 6).tolist()
+    return out

@@ -1,0 +1,138 @@
+"""The final pick stays inside the search's bounds, and says how steady it is.
+
+Property tests over random mixtures, caps and minimum weights (numpy's generator, fixed
+seeds): every projected or averaged pick sums to one and gives each cluster 0 or a weight
+in [min_weight, cap]; a pick already inside is left alone. The steadiness figure is larger
+for a planted noisy swarm than for a quiet one on the same mixtures.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from climb.optimize.pick import feasible, project, steadiness, within
+from climb.optimize.strategy import Strategy, final_pick, pick_weights
+
+
+def _case(rng, k):
+    """Random caps (some below the minimum, so those clusters must be 0) that admit a mixture."""
+    min_weight = float(rng.choice([0.0, 0.01, 0.02, 0.05]))
+    while True:
+        caps = rng.uniform(0.0, 0.6, k)
+        if feasible(caps, min_weight):
+            return caps, min_weight
+
+
+@pytest.mark.parametrize("k", [3, 8, 24])
+def test_projection_obeys_the_simplex_caps_and_minimum_weight(k):
+    rng = np.random.default_rng(k)
+    for _ in range(300):
+        caps, min_weight = _case(rng, k)
+        w = rng.dirichlet(np.full(k, rng.choice([0.1, 1.0, 10.0])))
+        if rng.random() < 0.3:  # off the simplex too: negative and unnormalised
+            w = w * rng.uniform(0.5, 2) - rng.uniform(0, 0.05, k)
+        p = project(w, caps, min_weight)
+        assert within(p, caps, min_weight), (w, caps, min_weight, p)
+
+
+def test_projection_leaves_a_mixture_inside_the_bounds_alone():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        caps, min_weight = _case(rng, 6)
+        p = project(rng.dirichlet(np.ones(6)), caps, min_weight)
+        np.testing.assert_allclose(project(p, caps, min_weight), p, atol=1e-9)
+
+
+def test_projection_is_the_nearest_point_among_those_it_could_choose():
+    """On the support it keeps, no random feasible point with that support is nearer."""
+    rng = np.random.default_rng(2)
+    caps, min_weight = np.full(5, 0.5), 0.05
+    for _ in range(50):
+        w = rng.dirichlet(np.ones(5))
+        p = project(w, caps, min_weight)
+        d = np.linalg.norm(p - w)
+        for _ in range(200):
+            q = project(p + rng.normal(0, 0.05, 5) * (p > 0), caps, min_weight)
+            if (q > 0).sum() == (p > 0).sum():
+                assert np.linalg.norm(q - w) >= d - 1e-9
+
+
+def test_projection_refuses_bounds_no_mixture_fits():
+    with pytest.raises(ValueError, match="no mixture fits"):
+        project(np.ones(3) / 3, np.array([0.3, 0.3, 0.3]), 0.0)
+    with pytest.raises(ValueError, match="no mixture fits"):  # only one cluster can hold the minimum
+        project(np.ones(3) / 3, np.array([0.9, 0.01, 0.01]), 0.02)
+
+
+def _bowl(X, centre):
+    return ((X - centre) ** 2).sum(1)
+
+
+def test_an_averaged_pick_that_breaks_the_bounds_is_put_back_inside():
+    """The mean of the predicted top k of a pool that obeys the bounds can break them (a cluster
+    at 0 in some and at the minimum in others); the pick must not."""
+    rng = np.random.default_rng(3)
+    k, min_weight = 6, 0.05
+    caps = np.array([0.35, 0.35, 0.35, 0.35, 0.35, 0.35])
+    raw = rng.dirichlet(np.full(k, 0.4), 4000)
+    pool = np.array([project(w, caps, min_weight) for w in raw])
+    assert all(within(w, caps, min_weight) for w in pool[:50])
+    centre = np.array([0.33, 0.33, 0.2, 0.07, 0.07, 0.0])
+    X = pool[:40]
+    y = _bowl(X, centre)
+    strategy = Strategy(predictor="gp", final="predicted", final_top_k=64)
+    from climb.optimize.strategy import _fit
+    model = _fit(strategy, X, y, 0)
+    mean = pick_weights(X, y, "minimize", pool, strategy, model)
+    assert not within(mean, caps, min_weight)  # the plain average breaks them here
+    w = pick_weights(X, y, "minimize", pool, strategy, model, bounds=(caps, min_weight))
+    assert within(w, caps, min_weight)
+    pick = final_pick(X, y, "minimize", pool, strategy, 0, bounds=(caps, min_weight))
+    assert within(pick["weights"], caps, min_weight)
+
+
+def test_kl_penalty_pulls_the_pick_toward_the_natural_mixture():
+    rng = np.random.default_rng(4)
+    k = 5
+    natural = np.array([0.4, 0.3, 0.15, 0.1, 0.05])
+    pool = rng.dirichlet(np.ones(k), 3000)
+    X = pool[:40]
+    y = _bowl(X, np.array([0.0, 0.0, 0.1, 0.4, 0.5]))
+    from climb.optimize.strategy import _fit, kl_to
+    kl = []
+    for lam in (0.0, 0.05, 1.0):
+        strategy = Strategy(predictor="gp", final="predicted", final_kl=lam)
+        w = pick_weights(X, y, "minimize", pool, strategy, _fit(strategy, X, y, 0), natural=natural)
+        kl.append(float(kl_to(w[None], natural)[0]))
+    assert kl[0] > kl[1] > kl[2]
+
+
+def _swarm(noise, seed=5, n=40, k=6):
+    rng = np.random.default_rng(seed)
+    X = rng.dirichlet(np.ones(k), n)
+    y = _bowl(X, np.full(k, 1 / k)) + rng.normal(0, noise, n)
+    return X, y
+
+
+@pytest.mark.parametrize("final", ["seen", "measured-predicted"])
+def test_steadiness_is_larger_for_a_noisy_swarm_than_a_quiet_one(final):
+    strategy = Strategy(predictor="gp", final=final)
+    figures = {}
+    for noise in (0.002, 0.05):
+        X, y = _swarm(noise)
+        pick = final_pick(X, y, "minimize", X, strategy, 0, steadiness=24)
+        figures[noise] = pick["steadiness"]
+        assert pick["steadiness"]["n_boot"] == 24
+        assert all(abs(p.sum() - 1) < 1e-9 for p in pick["steadiness"]["picks"])
+    assert figures[0.05]["pick_sd"] > 2 * figures[0.002]["pick_sd"]
+    assert figures[0.05]["pick_l1"] > figures[0.002]["pick_l1"]
+
+
+def test_steadiness_does_not_depend_on_the_order_of_the_results():
+    """Given the rows in the same order it is a fixed function of them (the stage sorts them
+    by mixture id first, so a resumed run's figure is bit-identical)."""
+    X, y = _swarm(0.01)
+    strategy = Strategy(predictor="gp", final="seen")
+    a = final_pick(X, y, "minimize", X, strategy, 0, steadiness=8)["steadiness"]
+    b = final_pick(X.copy(), y.copy(), "minimize", X, strategy, 0, steadiness=8)["steadiness"]
+    assert a["pick_sd"] == b["pick_sd"] and np.array_equal(a["picks"], b["picks"])
