@@ -1,0 +1,274 @@
+"""One run, one dependable answer? Default searches over many seeds, and their picks replayed.
+
+A search's found objective moves with its search seed. This benchmark trains the default
+search (8 -> 8 -> 8 -> 4, from scratch) on one base folder per preset, one run per search
+seed, and keeps each run's whole swarm in its record (every proxy's mixture and objective,
+the replicates, the comparison), so that any other final rule can be replayed on the same
+trajectory later, in another session, from the record alone:
+
+    # train the default runs that are missing (a copy of the base each; about 8 min a run on 2 cores)
+    python benchmarks/steady_pick.py train --preset tech --seeds 20 21 22 23 24 25 26 27 28 29
+
+    # replay final rules on every recorded run: the pick changes, the trajectory does not;
+    # each new pick is trained on the comparison seeds (paired with the runs' baselines)
+    python benchmarks/steady_pick.py replay --preset tech --seeds 20 ... 29 --rules seen predicted-mean ...
+
+    # the spread of the found objective split into measurement, pick and region
+    python benchmarks/steady_pick.py decompose --preset tech --seeds 20 ... 29 --json benchmarks/results/steady_decompose_tech.json
+
+Runs are `runs/g49<preset>_default_s<seed>`, the base `runs/g49<preset>_base`, records
+`benchmarks/results/records/g49<preset>_default_s<seed>.json`. The comparison uses ten
+seeds (`search.eval_seeds = 10`), so that the measurement's own noise can be read off by
+splitting them in halves. Only the first seed's run trains uniform and natural; every run
+on the same base is judged against those (same mixtures, same seeds, same base: the same
+proxies).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from common import write_result  # noqa: E402
+
+EVAL_SEEDS = 10
+DEFAULT_SETS = ["search.experts=0", "search.iterations=[8,8,8,4]", f"search.eval_seeds={EVAL_SEEDS}"]
+PRESETS = {
+    "tech": {"config": "pipelines/demo.toml", "sets": [], "known_answer": True},
+    "sport": {"config": "pipelines/demo.toml",
+              "sets": ['corpus.build="demo:sport"', 'target.texts=["{run}/data/target/sport_heldout.jsonl"]'],
+              "known_answer": True},
+    "bench": {"config": "pipelines/bench.toml", "sets": ["corpus.max_shards=2"], "known_answer": False,
+              "extra": ['search.baselines=["uniform","natural"]']},
+}
+RECORDS = REPO / "benchmarks" / "results" / "records"
+
+
+def names(preset: str, seed: int | None = None) -> Path:
+    return REPO / "runs" / (f"g49{preset}_base" if seed is None else f"g49{preset}_default_s{seed}")
+
+
+def _climb(args: list[str], log_path: Path) -> None:
+    cmd = [sys.executable, "-m", "climb.cli"] + args
+    print(" ".join(cmd), flush=True)
+    with open(log_path, "w") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                       env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
+
+
+def common_args(preset: str) -> list[str]:
+    p = PRESETS[preset]
+    return ["--config", p["config"]] + [a for s in p["sets"] for a in ("--set", s)]
+
+
+def record(run: Path, known_answer: bool) -> dict:
+    """The run as `variant_pair.record` reads it, with its whole swarm and, where the target
+    is a held-out section, every cluster's share of it (so a replayed pick's share is known)."""
+    from benchmarks.variant_pair import record as base_record
+    from climb.runtime import results as results_log
+    from climb.runtime.stage import RunPaths
+    rec = base_record(run)
+    paths = RunPaths(run)
+    rec["swarm"] = [{k: r.get(k) for k in ("mixture_id", "iteration", "seed", "weights", "objective", "status",
+                                           "metrics")}
+                    for r in results_log.load(paths.search.results)]
+    if known_answer:
+        from benchmarks.demo_answer import analyse
+        a = analyse(run)
+        rec["held_out_share"] = a["tech_share"]
+        rec["cluster_held_out_share"] = a["cluster_tech_share"]
+    return rec
+
+
+def train(preset: str, seeds: list[int]) -> None:
+    base = names(preset)
+    if not (base / "tokenize" / "manifest.json").exists():
+        _climb(["tokenize", "--run", str(base)] + common_args(preset), base.with_suffix(".log"))
+    for i, seed in enumerate(seeds):
+        run, kept = names(preset, seed), RECORDS / f"{names(preset, seed).name}.json"
+        if kept.exists():
+            continue
+        if not (run / "search" / "manifest.json").exists():
+            if not run.exists():
+                shutil.copytree(base, run, copy_function=shutil.copy2)
+            # The first seed trains the baselines; the rest are judged against its.
+            first = not any(RECORDS.glob(f"g49{preset}_default_s*.json")) and i == 0
+            sets = [f"search.seed={seed}"] + DEFAULT_SETS + PRESETS[preset].get("extra", []) + (
+                [] if first else ["search.baselines=[]"])
+            _climb(["search", "--run", str(run)] + common_args(preset) + [a for s in sets for a in ("--set", s)],
+                   run.with_suffix(".log"))
+        write_result(kept, record(run, PRESETS[preset]["known_answer"]), indent=1)
+        print(f"recorded {kept.name}", flush=True)
+
+
+# Final rules a replay can make: search.* settings on top of the run's own.
+RULES = {
+    "seen": {"search.final": "seen"},
+    "measured-predicted": {"search.final": "measured-predicted"},
+    "predicted": {"search.final": "predicted", "search.final_top_k": 1},
+    "predicted-mean16": {"search.final": "predicted", "search.final_top_k": 16},
+    "predicted-mean128": {"search.final": "predicted", "search.final_top_k": 128},
+    "predicted-kl": {"search.final": "predicted", "search.final_top_k": 16, "search.final_kl": 0.05},
+}
+
+
+def run_config(preset: str, seed: int, rule: str = "seen"):
+    """The config a recorded run searched under, with `rule`'s final settings."""
+    from climb.config import load_config
+    p = PRESETS[preset]
+    base = names(preset)
+    sets = [x.replace("{run}", str(base)) for x in p["sets"]] + [f"search.seed={seed}"] + DEFAULT_SETS
+    sets += [f"{k}={json.dumps(v)}" for k, v in RULES[rule].items()]
+    return load_config(REPO / p["config"], sets)
+
+
+def replay_pick(preset: str, rec: dict, rule: str) -> dict:
+    """The pick `rule` makes on the recorded run's results (the trajectory is the record's)."""
+    from climb.runtime.stage import RunPaths
+    from climb.stages.search_common import final_mixture, mixture_space
+    from climb.stages.tokenization import cluster_tokens
+    cfg = run_config(preset, rec["search_seed"], rule)
+    space = mixture_space(cfg, cluster_tokens(RunPaths(names(preset))))
+    pick = final_mixture(cfg, space, rec["swarm"])
+    return {"weights": pick["weights"], "predicted": pick["predicted"], "steadiness": pick.get("steadiness")}
+
+
+def replay(preset: str, seeds: list[int], rules: list[str]) -> None:
+    """Each rule's pick on each recorded run, trained on the comparison seeds in the base folder
+    (kept in runs/g49<preset>_replay/replays.json, resumable; records in benchmarks/results/records)."""
+    from climb.runtime.executor import make_executor
+    from climb.runtime.stage import RunPaths
+    from climb.stages.search_common import proxy_task, run_proxies
+    out_dir = REPO / "runs" / f"g49{preset}_replay"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    kept = RECORDS / f"g49{preset}_replays.json"
+    have = json.loads(kept.read_text()) if kept.exists() else {}
+    base = RunPaths(names(preset))
+    for seed in seeds:
+        rec = json.loads((RECORDS / f"g49{preset}_default_s{seed}.json").read_text())
+        for rule in rules:
+            name = f"{rule}/s{seed}"
+            if name in have and len(have[name]["objective"]) == EVAL_SEEDS:
+                continue
+            pick = replay_pick(preset, rec, rule)
+            entry = {**pick, "search_seed": seed, "rule": rule, "objective": {}}
+            same = max(abs(a - b) for a, b in zip(pick["weights"], rec["mixtures"]["weights"])) < 1e-12
+            if same:  # the run's own pick: its comparison proxies are the record's
+                entry["objective"] = {str(s): rec["comparison"][f"climb/{s}"]["objective"]
+                                      for s in rec["comparison_seeds"]}
+            else:
+                cfg = run_config(preset, seed, rule)
+                tasks = [proxy_task(cfg, base, f"replay-{rule}-s{seed}-{s}", -1, pick["weights"], s)
+                         for s in rec["comparison_seeds"]]
+
+                def got(i, r, entry=entry):
+                    entry["objective"][str(rec["comparison_seeds"][i])] = r["objective"]
+                with make_executor(cfg.executor, 1) as ex:
+                    run_proxies(cfg, ex, tasks, f"replay {name}", got)
+            if "cluster_held_out_share" in rec:
+                entry["held_out_share"] = float(sum(w * c for w, c in zip(pick["weights"],
+                                                                          rec["cluster_held_out_share"])))
+            entry["same_as_run"] = same
+            have[name] = entry
+            write_result(kept, have, indent=1)
+            print(f"{name}: {sum(entry['objective'].values()) / len(entry['objective']):.4f}"
+                  f"{' (the run pick)' if same else ''}", flush=True)
+
+
+def _baselines(preset: str) -> dict:
+    """uniform and natural on the comparison seeds, from the run that trained them."""
+    for f in sorted(RECORDS.glob(f"g49{preset}_default_s*.json")):
+        rec = json.loads(f.read_text())
+        b = {n: {str(s): rec["comparison"][f"{n}/{s}"]["objective"] for s in rec["comparison_seeds"]}
+             for n in ("uniform", "natural") if f"{n}/{rec['comparison_seeds'][0]}" in rec["comparison"]}
+        if b:
+            return b
+    return {}
+
+
+def decompose(preset: str, seeds: list[int], rules: list[str], out: str | None) -> dict:
+    """The seed-to-seed spread of the found objective: the measurement's own noise (split halves of
+    the comparison seeds), the pick (the rules' spread on one trajectory) and the region (the
+    trajectory's mean over rules), as a seed x rule table's variance components."""
+    import numpy as np
+
+    from climb.optimize.quality import paired_comparison
+    reps = json.loads((RECORDS / f"g49{preset}_replays.json").read_text())
+    recs = {s: json.loads((RECORDS / f"g49{preset}_default_s{s}.json").read_text()) for s in seeds}
+    seeds = [s for s in seeds if all(f"{r}/s{s}" in reps and len(reps[f"{r}/s{s}"]["objective"]) == EVAL_SEEDS
+                                     for r in rules)]
+    cs = [str(c) for c in recs[seeds[0]]["comparison_seeds"]]
+    V = np.array([[[reps[f"{r}/s{s}"]["objective"][c] for c in cs] for r in rules] for s in seeds])  # seed, rule, eval
+    F = V.mean(2)
+    half = V[:, :, : len(cs) // 2].mean(2) - V[:, :, len(cs) // 2:].mean(2)
+    meas_var = float(np.var(half, axis=0, ddof=1).mean() / 4)  # the error of a mean of all eval seeds
+    base = _baselines(preset)
+    per_rule = {}
+    for j, r in enumerate(rules):
+        row = {"sd": float(np.std(F[:, j], ddof=1)), "mean": float(F[:, j].mean()),
+               "range": [float(F[:, j].min()), float(F[:, j].max())],
+               "found": {str(s): float(F[i, j]) for i, s in enumerate(seeds)},
+               "steadiness_pick_sd": {str(s): (reps[f"{r}/s{s}"].get("steadiness") or {}).get("pick_sd")
+                                      for s in seeds}}
+        if "held_out_share" in reps[f"{r}/s{seeds[0]}"]:
+            sh = [reps[f"{r}/s{s}"]["held_out_share"] for s in seeds]
+            row["held_out_share"] = [round(min(sh), 3), round(max(sh), 3)]
+        if j:
+            row["minus_" + rules[0]] = paired_comparison(F[:, j], F[:, 0], recs[seeds[0]]["goal"])
+        for n, b in base.items():
+            worst = []
+            for i, s in enumerate(seeds):
+                c = paired_comparison(V[i, j], [b[x] for x in cs], recs[seeds[0]]["goal"])
+                worst.append(c["ci95"][1])
+            row[f"worst_upper_vs_{n}"] = float(max(worst))
+        per_rule[r] = row
+    # Two-way table without replication: seed (region), rule, and their interaction (the pick's luck).
+    g = F.mean()
+    seed_eff, rule_eff = F.mean(1) - g, F.mean(0) - g
+    inter = F - g - seed_eff[:, None] - rule_eff[None, :]
+    n_s, n_r = F.shape
+    ms_seed = n_r * float((seed_eff ** 2).sum()) / (n_s - 1)
+    ms_inter = float((inter ** 2).sum()) / ((n_s - 1) * (n_r - 1)) if n_r > 1 else float("nan")
+    out_obj = {"preset": preset, "seeds": seeds, "rules": rules, "eval_seeds": len(cs), "per_rule": per_rule,
+               "variance": {"measurement": meas_var,
+                            "pick (rule x seed interaction, less measurement)": max(ms_inter - meas_var, 0.0),
+                            "region (seed, over rules, less its share of the rest)":
+                                max((ms_seed - ms_inter) / n_r, 0.0),
+                            "seen total": float(np.var(F[:, 0], ddof=1))}}
+    print(json.dumps({k: v for k, v in out_obj.items() if k != "per_rule"}, indent=1))
+    for r, row in per_rule.items():
+        print(f"{r:20s} sd {row['sd']:.4f} mean {row['mean']:.4f} share {row.get('held_out_share')}"
+              + (f" minus {rules[0]} {row['minus_' + rules[0]]['diff']:+.4f} {row['minus_' + rules[0]]['ci95']}"
+                 if r != rules[0] else ""))
+    if out:
+        write_result(out, out_obj)
+    return out_obj
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("verb", choices=["train", "replay", "decompose"])
+    ap.add_argument("--preset", choices=list(PRESETS), default="tech")
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(range(20, 30)))
+    ap.add_argument("--rules", nargs="+", default=["seen", "measured-predicted", "predicted", "predicted-mean16"],
+                    choices=list(RULES))
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    if a.verb == "train":
+        train(a.preset, a.seeds)
+    elif a.verb == "replay":
+        replay(a.preset, a.seeds, a.rules)
+    else:
+        decompose(a.preset, a.seeds, a.rules, a.json)
+
+
+if __name__ == "__main__":
+    main()
