@@ -159,18 +159,20 @@ def replay(preset: str, seeds: list[int], rules: list[str]) -> None:
             if name in have and len(have[name]["objective"]) == EVAL_SEEDS:
                 continue
             pick = replay_pick(preset, rec, rule)
-            entry = {**pick, "search_seed": seed, "rule": rule, "objective": {}}
+            entry = {**pick, "search_seed": seed, "rule": rule, "objective": dict(have.get(name, {}).get("objective", {}))}
             same = max(abs(a - b) for a, b in zip(pick["weights"], rec["mixtures"]["weights"])) < 1e-12
             if same:  # the run's own pick: its comparison proxies are the record's
                 entry["objective"] = {str(s): rec["comparison"][f"climb/{s}"]["objective"]
                                       for s in rec["comparison_seeds"]}
             else:
                 cfg = run_config(preset, seed, rule)
-                tasks = [proxy_task(cfg, base, f"replay-{rule}-s{seed}-{s}", -1, pick["weights"], s)
-                         for s in rec["comparison_seeds"]]
+                todo = [s for s in rec["comparison_seeds"] if str(s) not in entry["objective"]]
+                tasks = [proxy_task(cfg, base, f"replay-{rule}-s{seed}-{s}", -1, pick["weights"], s) for s in todo]
 
-                def got(i, r, entry=entry):
-                    entry["objective"][str(rec["comparison_seeds"][i])] = r["objective"]
+                def got(i, r, entry=entry, todo=todo, name=name):  # kept proxy by proxy: a kill loses one
+                    entry["objective"][str(todo[i])] = r["objective"]
+                    have[name] = entry
+                    write_result(kept, have, indent=1)
                 with make_executor(cfg.executor, 1) as ex:
                     run_proxies(cfg, ex, tasks, f"replay {name}", got)
             if "cluster_held_out_share" in rec:

@@ -197,8 +197,21 @@ def quality_lines(q: dict) -> str:
         skill = ", ".join("n/a" if v is None else f"{v:.2f}" for v in q["merge_spearman"])
         lines.append(f"- merged models' objective against the measured results, Spearman by iteration: "
                      f"{skill or 'n/a'}")
+    st = q.get("steadiness") or {}
+    if st.get("pick_sd") is not None:
+        lines.append(f"- steadiness of the pick: on {st['n_boot']} bootstrap resamples of this run's proxies its "
+                     f"predicted objective has sd {st['pick_sd']:.4f} (range {st['pick_range'][0]:.4f} - "
+                     f"{st['pick_range'][1]:.4f}; the resampled picks lie {st['pick_l1']:.2f} apart in L1 on average)")
     lines += [f"- **warning**: {w}" for w in q.get("warnings", [])]
     return "\n".join(lines)
+
+
+def terminal_lines(summary: dict, mix: dict, clusters: list[dict]) -> str:
+    """What the terminal ends with: the comparison, the found mixture's heaviest clusters, the verdict."""
+    from climb.stages.summary import mixture_lines, verdict
+    v = summary.get("verdict") or verdict(summary)
+    return (summary_table(summary) + "\n\nFound mixture (by cluster, heaviest first):\n"
+            + mixture_lines(mix["weights"], clusters) + "\n\n" + v["sentence"])
 
 
 def plot_transfer(summary: dict, name: str, out: Path) -> str | None:
@@ -413,7 +426,8 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
     key = digest(upstream_key(paths, "search"), cfg.name, *([vkey] if vkey else []))
     stats = execute(paths, "report", key, lambda out, ex: _report(cfg, paths, validation, out))
     if stats.get("skipped_stage"):
-        print("\n" + summary_table(read_json(paths.report.summary)) + f"\n\nreport: {paths.report.page}\n")
+        print("\n" + terminal_lines(read_json(paths.report.summary), read_json(paths.search.mixture),
+                                    read_json(paths.cluster.summary)["clusters"]) + f"\n\nreport: {paths.report.page}\n")
     return stats
 
 
@@ -459,6 +473,8 @@ whose interval spans zero is not resolved.
 
 {summary_table(summary)}
 
+**{summary["verdict"]["sentence"]}**
+
 ## How far to trust it
 
 {quality_lines(quality)}
@@ -488,7 +504,7 @@ Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy see
 {_duplicates_section(paths)}{_contamination_section(paths, quality)}"""
     paths.report.page.write_text(page)
     paths.report.html.write_text(page_html(page, out, f"climb report: {cfg.name}"), encoding="utf-8")
-    print("\n" + summary_table(summary) + "\n\n" + quality_lines(quality)
+    print("\n" + terminal_lines(summary, mix, clusters) + "\n\n" + quality_lines(quality)
           + (f"\n\nDoes it transfer?\n{transfer_section(validation)}" if validation is not None else "")
           + f"\n\nreport: {paths.report.page}\n")
     return {"figures": figs, "summary": summary}

@@ -180,6 +180,10 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     write_json(paths.search.quality, quality)
     for w in quality["warnings"]:
         log.warning("%s", w)
+    from climb.stages.summary import verdict
+    said = verdict({"results": {k: v for k, v in table.items() if v is not None}, "comparison": verdicts,
+                    "target": {"name": "+".join(cfg.target.objective), "goal": cfg.target.goal}})
+    (log.info if said["kind"] == "better" else log.warning)("%s", said["sentence"])
     failed = sum(r["status"] != "ok" for r in results)
     stats = {"proxies": len(results), "failed": failed, "comparison": table, "verdicts": verdicts,
              "quality": {k: quality[k] for k in ("seed_sd", "paired_sd", "swarm_sd", "snr",

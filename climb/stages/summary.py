@@ -51,7 +51,7 @@ def search_summary(cfg: RunConfig, paths: RunPaths, n_results: int, n_clusters: 
     comp = sstats["comparison"]
     qfile = paths.search.quality
     quality = read_json(qfile) if qfile.exists() else {}
-    return {"target": {"name": "+".join(cfg.target.objective), "goal": cfg.target.goal},
+    out = {"target": {"name": "+".join(cfg.target.objective), "goal": cfg.target.goal},
             "results": {k: float(v) for k, v in comp.items() if v is not None},
             "comparison": sstats.get("verdicts", {}),
             "quality": {k: quality.get(k) for k in ("seed_sd", "paired_sd", "swarm_sd", "snr",
@@ -63,6 +63,53 @@ def search_summary(cfg: RunConfig, paths: RunPaths, n_results: int, n_clusters: 
             + sstats.get("base_proxies", 0) + sstats.get("merge_proxies", 0),
             "clusters": n_clusters,
             "compute": compute_account(paths)}
+    out["verdict"] = verdict(out)
+    if quality.get("steadiness"):
+        out["steadiness"] = quality["steadiness"]
+    return out
+
+
+def verdict(summary: dict) -> dict:
+    """The comparison in one plain sentence: better than every baseline, not shown better, or
+    worse than one, and which mixture measured best (summary.json's `verdict`)."""
+    res, comp, t = summary["results"], summary.get("comparison", {}), summary["target"]
+    from climb.optimize.predictor import goal_sign
+    if not res or not comp:
+        return {"kind": "no comparison", "best_measured": None,
+                "sentence": "No baseline was compared, so nothing says the found mixture is better than another."}
+    best = min(res, key=lambda k: goal_sign(t["goal"]) * res[k])
+
+    def cell(name):
+        c = comp[name]
+        return (f"{name}: {c['diff']:+.4f} [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]" if c.get("ci95")
+                else f"{name}: {c.get('diff', float('nan')):+.4f}, no interval")
+    worse = [n for n, c in comp.items() if c.get("verdict") == "worse"]
+    unresolved = [n for n, c in comp.items() if c.get("verdict") != "better" and n not in worse]
+    if worse:
+        kind = "worse"
+        text = (f"The found mixture is worse than {' and '.join(worse)} ({'; '.join(cell(n) for n in worse)}, "
+                f"climb minus baseline, 95% paired interval); {best} measured best.")
+    elif unresolved:
+        kind = "not shown better"
+        text = (f"The found mixture is not shown better than {' and '.join(unresolved)} (the 95% interval spans "
+                f"zero: {'; '.join(cell(n) for n in unresolved)}); {best} measured best.")
+    else:
+        kind = "better"
+        text = f"The found mixture is better than {' and '.join(comp)} at 95% (paired by seed)."
+    return {"kind": kind, "best_measured": best, "sentence": text}
+
+
+def mixture_lines(weights, clusters: list[dict], top: int = 5) -> str:
+    """The found mixture's heaviest clusters with their top terms, one line each."""
+    import numpy as np
+    w = np.asarray(weights, float)
+    order = [int(i) for i in np.argsort(-w, kind="stable") if w[i] > 0]
+    lines = [f"  cluster {clusters[i]['cluster']:>3}: {w[i]:6.1%}  {', '.join(clusters[i].get('top_terms', [])[:6])}"
+             for i in order[:top]]
+    rest = order[top:]
+    if rest:
+        lines.append(f"  {len(rest)} more cluster{'s' if len(rest) > 1 else ''}: {w[rest].sum():6.1%}")
+    return "\n".join(lines)
 
 
 def duplicates(paths: RunPaths) -> dict | None:
