@@ -91,3 +91,19 @@ def test_a_run_that_cannot_beat_uniform_says_so_everywhere(uniform_best, capsys)
     out = capsys.readouterr().out
     assert "Found mixture (by cluster, heaviest first):" in out and v["sentence"] in out
     assert "cluster" in out.split("Found mixture")[1].splitlines()[1]
+
+
+def test_the_export_keeps_the_found_mixture_and_its_card_says_it_is_weak(uniform_best, caplog):
+    from climb import pipeline
+    from climb.config import load_config
+    cfg = load_config(uniform_best / "config.toml", [])
+    with caplog.at_level("WARNING"):
+        pipeline.run_stage("export", cfg, uniform_best)
+    s = json.loads((uniform_best / "report" / "summary.json").read_text())
+    card = (uniform_best / "export" / "README.md").read_text()
+    assert f"**Warning: {s['verdict']['sentence']}**" in card
+    assert "under `\"uniform\"`" in card and "climb export --weights" in card
+    mix = json.loads((uniform_best / "export" / "mixture.json").read_text())
+    found = json.loads((uniform_best / "search" / "mixture.json").read_text())["weights"]
+    assert mix["weights"] == pytest.approx(found)  # the found mixture, not silently another
+    assert any("writes the found mixture all the same" in r.getMessage() for r in caplog.records)

@@ -11,12 +11,15 @@ files). With `export.destination` the card goes with the data.
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 
 from climb.config import RunConfig, digest
 from climb.io.files import read_json
 from climb.runtime.stage import RunPaths
+
+log = logging.getLogger(__name__)
 
 _SIZES = [(1e3, "n<1K"), (1e4, "1K<n<10K"), (1e5, "10K<n<100K"), (1e6, "100K<n<1M"), (1e7, "1M<n<10M"),
           (1e8, "10M<n<100M"), (1e9, "100M<n<1B"), (1e10, "1B<n<10B"), (1e11, "10B<n<100B"),
@@ -74,6 +77,15 @@ def card(cfg: RunConfig, paths: RunPaths, w: np.ndarray, real_w: np.ndarray, pla
     found = ("\n\nThe search's found mixture against the baselines, each the mean of "
              f"{cfg.search.eval_seeds} fresh proxies on seeds the search never used, paired by seed with a "
              "95% interval (a difference whose interval spans zero is not resolved):\n\n" + summary_table(summary))
+    said = summary.get("verdict") or {}
+    if not given_weights and said.get("kind") in ("not shown better", "worse"):
+        # The export keeps the found mixture (what the search chose, and the config asked for);
+        # the card, and the log, say how weak it is and how to export the best measured one.
+        best = said["best_measured"]
+        advice = (f" To export the {best} mixture instead, pass its weights (`search/mixture.json` holds them "
+                  f"under `\"{best}\"`) to `climb export --weights`." if best in ("uniform", "natural") else "")
+        found += f"\n\n**Warning: {said['sentence']}** This dataset is the found mixture all the same.{advice}"
+        log.warning("export: %s The export writes the found mixture all the same.%s", said["sentence"], advice)
     transfer = ("\n\n### Does it transfer to a larger model?\n\n" + transfer_section(validation)) if validation else \
         "\n\nThe mixture was not validated on a larger model (`validate.enabled = false`)."
     from climb.stages.summary import duplicates
