@@ -27,7 +27,7 @@ from pathlib import Path
 
 from climb.config import OPTIONAL, STAGES, RunConfig, load_config
 from climb.config.checks import check_run_dir
-from climb.runtime import track
+from climb.runtime import preflight, track
 from climb.runtime.runlock import hold
 from climb.runtime.stage import RunPaths
 from climb.stages import cluster, demo, embed, export, report, search, tokenization, validate
@@ -57,14 +57,16 @@ def run_stage(stage: str, cfg: RunConfig, run_dir: str | Path, with_deps: bool =
     order = tuple(s for s in order if s == stage or (s != "export" and _enabled(cfg, s)))
     stats = {}
     with hold(paths.root):
-        paths.save_config(cfg)
         if "export" in order:
             export.check_destination(cfg, paths)
         if any(s in order for s in ("search", "validate")):
             check_target(cfg)
         build_inputs(cfg, paths)
+        preflight.check(cfg, paths, order)
+        paths.save_config(cfg)  # after the checks: a refused command leaves config.toml as it was
         with track.session(cfg, paths) as tracker:
             for s in order:
+                preflight.before(s, cfg, paths)
                 log.info("== %s ==", s)
                 with tracker.during(s):
                     stats[s] = _RUN[s](cfg, paths)
@@ -75,14 +77,16 @@ def run_all(cfg: RunConfig, run_dir: str | Path) -> dict:
     paths = _paths(run_dir)
     out = {}
     with hold(paths.root):
-        paths.save_config(cfg)
         export.check_destination(cfg, paths)
         check_target(cfg)
         build_inputs(cfg, paths)
+        preflight.check(cfg, paths, [s for s in STAGES if _enabled(cfg, s)])
+        paths.save_config(cfg)
         with track.session(cfg, paths) as tracker:
             for s in STAGES:
                 if not _enabled(cfg, s):
                     continue
+                preflight.before(s, cfg, paths)
                 log.info("== %s ==", s)
                 with tracker.during(s):
                     out[s] = _RUN[s](cfg, paths)

@@ -5,9 +5,14 @@
     climb predictor evaluate | propose ...             (swarm CSVs in, metrics or mixtures out)
     climb run --config pipelines/demo.toml --executor dask --dask-workers 2
 
-Errors a user can cause (a bad config or --set, an unreadable or empty file, a
-run folder in use, a read-only folder, a full disk, a trainer that always
-fails) end with one line on stderr and exit code 2; `-v` adds the traceback.
+`climb <stage> --help` says what the stage reads and writes; `--config` defaults to
+pipelines/demo.toml in the current folder.
+
+Errors a user can cause (a bad config or --set, an unknown option, bad --weights, an
+unreadable or empty file, a run folder in use, a read-only folder, a full disk, a trainer
+that always fails) end with one line on stderr and exit code 2; `-v` adds the traceback.
+The arguments are checked before anything is written: a refused command leaves the run
+folder, its config.toml included, as it was.
 Ctrl-C and SIGTERM stop the run and its children, leave the run folder
 resumable and say how to resume (exit 130 / 143).
 """
@@ -38,18 +43,76 @@ def _setup_logging(verbose: int) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
 
-def _stage_parser(sub, name: str, help_: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help_)
-    p.add_argument("--config", default="pipelines/demo.toml", help="run config (TOML)")
-    p.add_argument("--run", default=None, help="run folder (default: runs/<config name>)")
+DEFAULT_CONFIG = "pipelines/demo.toml"
+# What each stage command reads and writes (its --help); <run> is the run folder.
+_STAGE_HELP = {
+    "run": ("every stage, end to end",
+            "Run every stage in order (embed, cluster, tokenize, search, validate when "
+            "validate.enabled, export, report); stages finished with the same config and inputs are "
+            "skipped. Reads the corpus (corpus.paths) and the target (target.*). Writes everything "
+            "under <run>: config.toml, embed/, cluster/, tokenize/, search/, validate/, export/, report/."),
+    "embed": ("embed the corpus",
+              "Reads the corpus files (corpus.paths). Writes <run>/embed/: one embedding shard "
+              "(<shard>.npy) and its ids (<shard>.ids.parquet) per corpus file."),
+    "cluster": ("k-means, prune, merge, summarise",
+                "Reads <run>/embed/ (and the corpus, for the summary). Writes <run>/cluster/: "
+                "centroids, assign/<shard>.parquet (each document's cluster) and clusters.json. "
+                "Runs embed first if needed."),
+    "tokenize": ("train the proxies' tokenizer and build the per-cluster token store",
+                 "Reads the corpus and <run>/cluster/. Writes <run>/tokenize/: tokenizer.json and "
+                 "tokens/, one token file per cluster. Runs the stages before it first if needed."),
+    "search": ("the proxy-swarm search for the best mixture",
+               "Reads <run>/tokenize/ and the target (target.texts, target.tasks, target.lm_eval). "
+               "Writes <run>/search/: results.jsonl (every proxy), mixture.json (the found mixture), "
+               "quality.json, comparison.json. Runs the stages before it first if needed."),
+    "validate": ("train a larger model on the found mixture and baselines: does it transfer?",
+                 "Reads <run>/tokenize/, <run>/search/mixture.json and the target. Writes "
+                 "<run>/validate/: plan.json, results.jsonl, summary.json. Runs the search first if "
+                 "needed."),
+    "export": ("write the optimised dataset and blend files",
+               "Reads the corpus, <run>/cluster/ and <run>/search/mixture.json (or --weights). Writes "
+               "<run>/export/ (or export.destination): data/cluster_*/*.parquet and/or Megatron "
+               "datasets, mixture.json, interleave.json, README.md. Runs the search first if needed; "
+               "refused arguments leave the run folder as it was."),
+    "report": ("plots and summary page",
+               "Reads the outputs of cluster, search (and validate, when it ran). Writes "
+               "<run>/report/: report.md with its figures, index.html, summary.json. Runs the search "
+               "first if needed."),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line, like every other refusal of the CLI."""
+
+    def error(self, message: str, prog: str | None = None):
+        prog = prog or self.prog
+        self.exit(2, f"{prog}: error: {message} (see `{prog} --help`)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:  # named by the subcommand they were given to
+            cmd = [c for c in (getattr(ns, "command", None), getattr(ns, "predictor_command", None)) if c]
+            self.error(f"unrecognized arguments: {' '.join(extra)}", " ".join([self.prog, *cmd]))
+        return ns
+
+
+def _stage_parser(sub, name: str) -> argparse.ArgumentParser:
+    help_, description = _STAGE_HELP[name]
+    p = sub.add_parser(name, help=help_, description=description)
+    p.add_argument("--config", default=None,
+                   help=f"run config (TOML); default: {DEFAULT_CONFIG}, the demo, relative to the current folder "
+                        "(the repository's root)")
+    p.add_argument("--run", default=None, help="run folder (default: runs/<config name>, relative to the current "
+                   "folder)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set search.iterations=[64,32,16]")
     p.add_argument("--executor", choices=["local", "dask"], help="where stage tasks run")
     p.add_argument("--dask-workers", type=int, help="local Dask cluster size")
     p.add_argument("--dask-address", help="existing Dask scheduler, e.g. tcp://127.0.0.1:8786")
-    p.add_argument("-v", "--verbose", action="count", default=1)
+    p.add_argument("-v", "--verbose", action="count", default=1, help="debug logs, and a traceback with an error")
     if name == "export":
-        p.add_argument("--weights", help="export these weights (JSON list or file) instead of the search's")
+        p.add_argument("--weights", help="export these weights instead of the search's: a JSON list with one "
+                       "weight per cluster, summing to 1 (or {\"weights\": [...]}), or a file holding one")
     return p
 
 
@@ -58,11 +121,19 @@ def config_from_args(args):
     ov = list(args.overrides)
     if args.executor:
         ov.append(f"executor.kind={args.executor!r}".replace("'", '"'))
-    if args.dask_workers:
+    if args.dask_workers is not None:
         ov.append(f"executor.dask_workers={args.dask_workers}")
     if args.dask_address:
         ov += [f'executor.dask_address="{args.dask_address}"', 'executor.kind="dask"']
-    cfg = load_config(args.config, ov)
+    config = DEFAULT_CONFIG if args.config is None else args.config
+    if not Path(config).is_file():
+        if args.config is None:
+            raise ConfigError(f"no --config given, and the default, {DEFAULT_CONFIG}, is not in the current folder "
+                              f"({Path.cwd()}); pass your run config (--config path/to/run.toml), or run from the "
+                              "repository's root for the demo")
+        raise ConfigError(f"--config {config}: no such file (relative paths are read from the current folder, "
+                          f"{Path.cwd()}); pass the path of your run config")
+    cfg = load_config(config, ov)
     if args.run:
         from climb.config.checks import check_run_dir
         check_run_dir(args.run)
@@ -70,45 +141,77 @@ def config_from_args(args):
     return cfg, run_dir
 
 
+def read_weights(arg: str, n_clusters: int | None) -> list:
+    """--weights as given: a JSON list (or {"weights": [...]}) or a file holding one, checked as
+    the export checks a mixture (one weight per cluster where `n_clusters` is known, finite,
+    non-negative, summing to 1); InputError naming --weights otherwise."""
+    import json
+
+    from climb.io.mixture import check_weights
+    where = f"--weights {arg if len(arg) <= 60 else arg[:57] + '...'!r}"
+    try:  # a file holding the weights, or the weights themselves (too long for a file name)
+        is_file = bool(arg) and Path(arg).is_file()
+        raw = Path(arg).read_text() if is_file else arg
+    except OSError:
+        is_file, raw = False, arg
+    if is_file:
+        where = f"--weights file {arg}"
+    if not raw.strip():
+        raise InputError(f"{where}: empty; give a JSON list of weights, one per cluster, or a file holding one")
+    try:
+        w = json.loads(raw)
+    except ValueError:
+        raise InputError(f"{where}: neither a JSON list nor a file holding one") from None
+    if isinstance(w, dict):
+        if "weights" not in w:
+            raise InputError(f'{where}: a JSON object without "weights"; give a list, or {{"weights": [...]}}')
+        w = w["weights"]
+    if not isinstance(w, list):
+        raise InputError(f"{where}: {type(w).__name__} where a list of weights, one per cluster, was expected")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in w):
+        raise InputError(f"{where}: weights must be numbers, one per cluster")
+    check_weights(w, n_clusters, where)
+    return w
+
+
+def _clusters_now(run_dir: Path) -> int | None:
+    """How many clusters the run folder's cluster stage found (None: it has not run)."""
+    from climb.io.files import read_json
+    from climb.runtime.stage import RunPaths
+    summary = RunPaths(run_dir).cluster.summary
+    try:
+        return int(read_json(summary)["n_clusters"]) if summary.is_file() else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _run_stage(args) -> int:
     from climb.runtime.runlock import hold
     cfg, run_dir = config_from_args(args)
+    # The arguments are checked before the lock, the config or any stage writes a file.
+    weights = None
+    if args.command == "export" and args.weights is not None:
+        weights = read_weights(args.weights, _clusters_now(run_dir))
     # The lock first: a second process on the folder is refused before the heavy imports.
     with hold(run_dir):
         from climb import pipeline
         if args.command == "run":
             pipeline.run_all(cfg, run_dir)
-        elif args.command == "export" and args.weights:
-            import json
-
+        elif weights is not None:
             from climb.runtime.stage import RunPaths
             from climb.stages import export
-            try:  # a file holding the weights, or the weights themselves (too long for a file name)
-                raw = Path(args.weights).read_text() if Path(args.weights).is_file() else args.weights
-            except OSError:
-                raw = args.weights
-            try:
-                w = json.loads(raw)
-            except ValueError:
-                raise InputError(f"--weights {args.weights!r}: neither a JSON list nor a file holding one") from None
             pipeline.run_stage("search", cfg, run_dir)
-            export.run(cfg, RunPaths(run_dir.resolve()), weights=w["weights"] if isinstance(w, dict) else w)
+            export.run(cfg, RunPaths(run_dir.resolve()), weights=weights)
         else:
             pipeline.run_stage(args.command, cfg, run_dir)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="climb", description="Find the data mixture to pretrain a language model on.")
+    ap = _Parser(prog="climb", description="Find the data mixture to pretrain a language model on.")
     sub = ap.add_subparsers(dest="command", required=True)
-    _stage_parser(sub, "run", "every stage, end to end").set_defaults(func=_run_stage)
-    helps = {"embed": "embed the corpus", "cluster": "k-means, prune, merge, summarise",
-             "tokenize": "train the proxies' tokenizer and build the per-cluster token store",
-             "search": "the proxy-swarm search for the best mixture",
-             "validate": "train a larger model on the found mixture and baselines: does it transfer?",
-             "export": "write the optimised dataset and blend files", "report": "plots and summary page"}
-    for s in STAGES:
-        _stage_parser(sub, s, helps[s]).set_defaults(func=_run_stage)
+    for s in ("run", *STAGES):
+        _stage_parser(sub, s).set_defaults(func=_run_stage)
     add_predictor_parser(sub)
     return ap
 
@@ -142,7 +245,10 @@ def _shown(e: BaseException, msg: str, verbose: int) -> str:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help (0), or a bad option, said in one line (2)
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     verbose = getattr(args, "verbose", 1)
     _setup_logging(verbose)
     import threading

@@ -101,7 +101,8 @@ def check_config(cfg: RunConfig) -> None:
               "cluster.niter", "cluster.sample_size", "corpus.batch_rows", "embed.batch_size",
               "embed.max_seq_length", "export.rows_per_shard", "executor.dask_workers",
               "executor.dask_threads_per_worker")
-    _at_least(cfg, 0, "proxy.curve_points", "proxy.curve_evals", "proxy.timeout_s", "export.token_budget", "corpus.max_shards",
+    _at_least(cfg, 0, "target.task_limit",
+              "proxy.curve_points", "proxy.curve_evals", "proxy.timeout_s", "export.token_budget", "corpus.max_shards",
               "search.final_top_k", "search.final_kl", "search.steadiness_boot", "export.weight_tolerance", "executor.dask_resource_grace_s")
     _check_model(cfg.proxy, "proxy")
     if not 0 < cfg.search.epoch_cap:

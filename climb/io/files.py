@@ -161,9 +161,9 @@ def _open_text(path: Path | str):
             yield raw
 
 
-def _iter_jsonl(path: Path, columns: list[str], batch_rows: int,
-                skipped: Counter, present: set) -> Iterator[dict[str, list]]:
-    buf: dict[str, list] = {c: [] for c in columns}
+def _jsonl_records(path: Path | str, skipped: Counter) -> Iterator[dict]:
+    """The JSON objects of a JSON Lines file, one a line; blank lines are passed over, lines
+    that are not UTF-8 counted in `skipped`."""
     with _open_text(path) as fh:
         for lineno, raw in enumerate(fh, 1):
             if not raw.strip():
@@ -181,12 +181,19 @@ def _iter_jsonl(path: Path, columns: list[str], batch_rows: int,
             if not isinstance(rec, dict):
                 raise InputError(f"{path}:{lineno}: a JSON {type(rec).__name__}, not an object; "
                                  "each line must be one JSON object")
-            for c in columns:
-                buf[c].append(rec.get(c))
-            present.update(c for c in columns if c in rec)
-            if len(buf[columns[0]]) >= batch_rows:
-                yield buf
-                buf = {c: [] for c in columns}
+            yield rec
+
+
+def _iter_jsonl(path: Path, columns: list[str], batch_rows: int,
+                skipped: Counter, present: set) -> Iterator[dict[str, list]]:
+    buf: dict[str, list] = {c: [] for c in columns}
+    for rec in _jsonl_records(path, skipped):
+        for c in columns:
+            buf[c].append(rec.get(c))
+        present.update(c for c in columns if c in rec)
+        if len(buf[columns[0]]) >= batch_rows:
+            yield buf
+            buf = {c: [] for c in columns}
     if buf[columns[0]]:
         yield buf
 
@@ -237,6 +244,68 @@ def read_documents(path: Path | str, text_column: str = "text", id_column: str =
     except _read_errors() as e:
         raise InputError(f"{path}: cannot read ({e}); is it a complete, uncorrupted "
                          f"{kind} file? Remove or re-create it") from e
+
+
+def peek(path: Path | str, columns: Sequence[str], n: int = 200) -> tuple[list[str], int, dict[str, list]]:
+    """The first `n` records of a corpus file (a path or a URL), read as `read_documents` reads
+    it, for checks that must not read the whole file: (the fields the file has: a Parquet or
+    Arrow file's columns, the keys of the JSON Lines records read; the records read; the
+    values of each of `columns` the file has, None where a record lacks it)."""
+    remote = is_url(path)
+    path = path if remote else local_path(path)
+    kind = _kind(path)
+    if not remote and not path.exists():
+        raise InputError(f"{path}: file not found")
+    if kind in ("parquet", "arrow") and not remote and path.stat().st_size == 0:
+        raise InputError(f"{path}: empty file (0 bytes), not a {kind} file; remove it or re-create it")
+    try:
+        with (nullcontext() if not remote else _remote_errors(path)):
+            return _peek(path, kind, list(columns), n)
+    except _read_errors() as e:
+        raise InputError(f"{path}: cannot read ({e}); is it a complete, uncorrupted "
+                         f"{kind} file? Remove or re-create it") from e
+
+
+def _remote_errors(url: str):
+    from climb.io.remote import errors
+    return errors(url)
+
+
+def _peek(path: Path | str, kind: str, columns: list[str], n: int) -> tuple[list[str], int, dict[str, list]]:
+    if kind == "jsonl":
+        fields: dict[str, None] = {}  # in the order first seen
+        values: dict[str, list] = {c: [] for c in columns}
+        rows = 0
+        for rec in _jsonl_records(path, Counter()):
+            fields.update(dict.fromkeys(rec))
+            for c in columns:
+                values[c].append(rec.get(c))
+            rows += 1
+            if rows >= n:
+                break
+        return list(fields), rows, {c: v for c, v in values.items() if c in fields}
+    with _open_raw(path) if is_url(path) else nullcontext(path) as src:
+        if kind == "parquet":
+            pf = pq.ParquetFile(src, pre_buffer=False) if is_url(path) else pq.ParquetFile(src)
+            names = pf.schema_arrow.names
+            have = [c for c in columns if c in names]
+            rows = min(n, pf.metadata.num_rows)
+            batch = next(pf.iter_batches(batch_size=n, columns=have), None) if have and rows else None
+            rows = batch.num_rows if batch is not None else rows  # a first row group may hold fewer
+            return names, rows, {c: (batch.column(c).to_pylist() if batch is not None else []) for c in have}
+        if is_url(path):
+            reader = pa.ipc.open_stream(src)
+            names = reader.schema.names
+            batch = next(iter(reader), None)
+            part = batch.slice(0, n) if batch is not None else None
+        else:
+            from datasets import Dataset
+            ds = Dataset.from_file(str(src))
+            names = ds.column_names
+            part = ds.data.table.slice(0, n)
+        have = [c for c in columns if c in names]
+        rows = part.num_rows if part is not None else 0
+        return names, rows, {c: (part.column(c).to_pylist() if part is not None else []) for c in have}
 
 
 def read_aligned(path: Path | str, corpus, rows: int, ids: Sequence[str] | None = None,

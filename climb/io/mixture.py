@@ -47,6 +47,10 @@ def check_weights(weights, k: int | None = None, where: str = "weights", *, tol:
         if len(bad):
             raise InputError(f"{where}: weights must be finite and non-negative ({what} {_at(bad, rows, labels)})")
     s = w.sum(1) if rows else w.sum()
+    zero = np.flatnonzero(np.atleast_1d(s) <= 0)
+    if len(zero):
+        raise InputError(f"{where}: all-zero weights{f' ({_at(zero, rows, labels)})' if rows else ''}; "
+                         f"{'every' if rows else 'a'} mixture needs a positive weight")
     if tol is not None:
         bad = np.flatnonzero(np.abs(np.atleast_1d(s) - 1.0) > tol)
         if len(bad):
@@ -54,8 +58,4 @@ def check_weights(weights, k: int | None = None, where: str = "weights", *, tol:
             raise InputError(f"{where}: weights sum to {np.atleast_1d(s)[bad[0]]:.6f}{at}, not 1; "
                              f"normalise them (w / w.sum())")
         return w
-    zero = np.flatnonzero(np.atleast_1d(s) <= 0)
-    if len(zero):
-        raise InputError(f"{where}: all-zero weights{f' ({_at(zero, rows, labels)})' if rows else ''}; "
-                         f"{'every' if rows else 'a'} mixture needs a positive weight")
     return w / s[:, None] if rows else w / s

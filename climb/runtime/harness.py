@@ -2,7 +2,11 @@
 
 Any task the harness can load is a target: a name it ships (`arc_easy`, `mmlu`, ...) or a
 task YAML of your own over local files (`target.lm_eval = ["pipelines/tasks/piqa.yaml"]`:
-its folder joins the harness's include path, the task is the one it names). The built-in
+its folder joins the harness's include path, the task is the one it names). A relative
+local path in such a YAML (`dataset_kwargs.data_files`, `data_dir`, a `dataset_path`
+folder) is read from the YAML's own folder, so the YAML works from any current folder
+(one found only from the current folder, where the harness itself looks, is kept as it
+is: `local_paths`). The built-in
 proxies are wrapped as a harness `LM` (`ProxyLM`): `loglikelihood` scores each
 (context, continuation) as the harness's own models do (proxies.evaluate.encode_pairs),
 `loglikelihood_rolling` a whole text in disjoint windows, one token of context each (the
@@ -25,6 +29,7 @@ harness's own `hf` model, so a `proxy.command` can end with::
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import logging
 import os
@@ -34,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from climb.config import TargetConfig
-from climb.io.files import InputError
+from climb.io.files import InputError, is_url
 
 log = logging.getLogger(__name__)
 _CACHE: dict = {}
@@ -49,7 +54,8 @@ def task_specs(target_cfg: TargetConfig) -> tuple[list[str], list[str]]:
         p = Path(entry)
         if p.suffix in (".yaml", ".yml"):
             if not p.is_file():
-                raise InputError(f"target.lm_eval: task file {p} not found")
+                where = "" if p.is_absolute() else f" (a relative path is read from the current folder, {Path.cwd()})"
+                raise InputError(f"target.lm_eval: task file {p} not found{where}")
             name = _yaml_task(p)
             include.append(str(p.resolve().parent))
             names.append(name)
@@ -72,6 +78,67 @@ def _yaml_task(path: Path) -> str:
     return doc["task"]
 
 
+def _yaml_config(path: Path) -> dict | None:
+    """A task YAML's whole config as the harness reads it (its includes merged, `!function`
+    tags resolved); None where this version of the harness has no loader climb knows."""
+    try:
+        from lm_eval.tasks._yaml_loader import load_yaml
+    except ImportError:
+        try:
+            from lm_eval.utils import load_yaml_config
+        except ImportError:
+            return None
+        return load_yaml_config(str(path), mode="full")
+    return load_yaml(path, resolve_func=True)
+
+
+def _from(folder: Path, value):
+    """A path (or glob) relative to `folder` made absolute. URLs and absolute paths stay, and so
+    does a path found only from the current folder, where the harness itself looks."""
+    if not isinstance(value, str) or not value or is_url(value) or Path(value).expanduser().is_absolute():
+        return value
+    there = str(folder / value)
+    if glob.glob(there, recursive=True) or not glob.glob(value, recursive=True):
+        return there
+    return value
+
+
+def local_paths(config: dict, folder: Path) -> dict:
+    """A task config with its relative local data paths read from `folder` (the YAML's):
+    `dataset_kwargs.data_dir`, else `dataset_kwargs.data_files` (which `datasets` reads
+    from `data_dir` where one is set), and a `dataset_path` that names a local folder or file
+    (`./mine`, `data/mine`), not a builder such as `json`."""
+    out = dict(config)
+    kwargs = dict(out.get("dataset_kwargs") or {})
+    if kwargs.get("data_dir"):
+        kwargs["data_dir"] = _from(folder, kwargs["data_dir"])
+    elif "data_files" in kwargs:
+        files = kwargs["data_files"]
+        if isinstance(files, dict):
+            kwargs["data_files"] = {split: [_from(folder, f) for f in v] if isinstance(v, list) else _from(folder, v)
+                                    for split, v in files.items()}
+        elif isinstance(files, list):
+            kwargs["data_files"] = [_from(folder, f) for f in files]
+        else:
+            kwargs["data_files"] = _from(folder, files)
+    if kwargs:
+        out["dataset_kwargs"] = kwargs
+    path = out.get("dataset_path")
+    if isinstance(path, str) and ("/" in path or path.startswith(".")) and (folder / path).exists():
+        out["dataset_path"] = _from(folder, path)
+    return out
+
+
+def _spec(name: str, path: Path) -> str | dict:
+    """How the harness is to load the task a YAML names: by its name where the YAML names no
+    relative local data path, else as its whole config with those paths made absolute."""
+    config = _yaml_config(path)
+    if config is None:
+        return name
+    resolved = local_paths(config, path.resolve().parent)
+    return name if resolved == config else resolved
+
+
 def _offline() -> None:
     for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ.setdefault(k, "1")
@@ -82,7 +149,9 @@ def load_tasks(target_cfg: TargetConfig) -> dict:
     """The harness's task dict for `target.lm_eval`, cached per process; InputError in one line
     where a task cannot be loaded from what is here."""
     names, include = task_specs(target_cfg)
-    key = (tuple(names), tuple(include))
+    yamls = {n: Path(e) for n, e in zip(names, target_cfg.lm_eval) if Path(e).suffix in (".yaml", ".yml")}
+    key = (tuple(names), tuple(include), tuple(str(p.resolve()) for p in yamls.values()),
+           os.getcwd() if yamls else "")
     if key in _CACHE:
         return _CACHE[key]
     _offline()
@@ -97,7 +166,7 @@ def load_tasks(target_cfg: TargetConfig) -> dict:
         raise InputError(f"target.lm_eval: the harness knows no task {unknown[0]!r}; give one it ships or a task "
                          f"YAML file (include folders: {include or 'none'})")
     try:
-        tasks = get_task_dict(names, manager)
+        tasks = get_task_dict([_spec(n, yamls[n]) if n in yamls else n for n in names], manager)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError(f"target.lm_eval: cannot load {', '.join(names)} from what is on this machine (nothing is "

@@ -80,7 +80,8 @@ def target_files(target_cfg: TargetConfig, run_dir, cache=None) -> list:
 def objective(metrics: dict, target_cfg: TargetConfig) -> float:
     missing = [m for m in target_cfg.objective if m not in metrics]
     if missing:
-        raise InputError(f"target.objective names {missing}, but the proxy reported {sorted(metrics)}")
+        raise InputError(f"target.objective names {missing}, but the proxy reported {sorted(metrics)}; set "
+                         "target.objective to metrics it reports")
     return float(np.mean([metrics[m] for m in target_cfg.objective]))
 
 

@@ -249,6 +249,8 @@ def key(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
 def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> dict:
     """Export the search's mixture (or `weights`, one per cluster)."""
     k = key(cfg, paths, weights)
+    if weights is not None:  # refused before a previous export's files are removed
+        check_weights(weights, paths.n_clusters(), "weights given")
     dest = destination(cfg, paths)
     check_destination(cfg, paths)
     manifest = paths.manifest("export")
