@@ -168,8 +168,12 @@ class TokenizeConfig:
     # a number of tokens (at least the "auto" figure). A capped cluster file holds a
     # representative part of the cluster (each shard in proportion to its tokens), and the
     # proxies train on exactly the batches an uncapped store would give them; the clusters'
-    # sizes (natural mixture, epoch cap, reports, export) still count every token. A change
-    # tokenizes again (under "auto", so does a change of those proxy or validate settings).
+    # sizes (natural mixture, epoch cap, reports, export) still count every token. A change of
+    # the cap (under "auto", of those proxy or validate settings) merges the store again at it,
+    # keeping the tokenizer and tokenizing again only the shards whose share of a cluster grew;
+    # no later stage runs again for it (a model reading n tokens of a cluster gets the same n from
+    # any store keeping as many), but a validation that read less than it needed. Under "auto",
+    # a store already capped higher (or not capped) is kept as it is.
     cap: int | str = "auto"
 
 

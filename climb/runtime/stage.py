@@ -4,10 +4,12 @@ A run lives in one folder: `<run>/{config.toml, data/, embed/, cluster/, tokeniz
 search/, validate/, export/, report/}`; `RunPaths` names every file in it, and a
 stage reaches another's outputs only through it. Each stage writes `manifest.json` last, holding a hash of
 the config sections it depends on, its upstream manifests' hashes and its input
-fingerprints, and the size and mtime_ns of every file the stage wrote. A
-stage whose manifest hash matches and whose files are as it left them is
-skipped; one without a manifest resumes task by task from the files already
-written. A file damaged or deleted since (a shard cut short, an assignment
+fingerprints, and the size and mtime_ns of every file the stage wrote. Later stages
+key on its `hash`, which is the key itself unless the stage passes on less (the token
+store passes on its settings and inputs, not its cap: a model reading at most the cap of
+a cluster gets the same tokens whatever the cap). A stage whose manifest hash matches
+and whose files are as it left them is skipped; one without a manifest resumes task by
+task from the files already written. A file damaged or deleted since (a shard cut short, an assignment
 file removed) is taken away with the manifest, so the stage resumes and its
 producer writes that file again; a stage reading the outputs of an earlier one
 first checks them the same way and, if one is damaged, stops with a message
@@ -434,14 +436,16 @@ def upstream_key(paths: RunPaths, stage: str) -> str:
 
 
 def is_done(paths: RunPaths, stage: str, key: str, keep: tuple[str, ...] = (),
-            cascade: dict[str, str] | None = None, legacy_key: str | None = None) -> bool:
+            cascade: dict[str, str] | None = None, legacy_key: str | tuple[str, ...] | None = None) -> bool:
     """Whether the stage finished with this key and its outputs are intact.
 
     Damaged outputs are removed with the manifest, so the stage resumes and writes
     them again; `keep` names files repaired in place instead (an append-only log),
     and `cascade` maps a file to a folder that depends on it and goes with it.
-    A manifest written before stage keys were content keys matches `legacy_key` (the
-    key as it was computed then): it is upgraded in place (`upgrade`), nothing redone.
+    A manifest holding `legacy_key` (one key or several: the stage's key as an older
+    climb computed it for the same settings and inputs; a manifest written before stage
+    keys were content keys holds it as its `hash`) is upgraded in place (`upgrade`),
+    nothing redone.
     """
     m = paths.manifest(stage)
     if not m.exists():
@@ -450,9 +454,10 @@ def is_done(paths: RunPaths, stage: str, key: str, keep: tuple[str, ...] = (),
         manifest = read_json(m)
     except ValueError:
         return False
-    if manifest.get("key", manifest.get("hash")) != key:
-        if not (legacy_key and "key" not in manifest and manifest.get("hash") == legacy_key
-                and not damaged_outputs(paths, stage)):
+    held = manifest.get("key", manifest.get("hash"))
+    if held != key:
+        older = (legacy_key,) if isinstance(legacy_key, str) else tuple(legacy_key or ())
+        if not (held in older and not damaged_outputs(paths, stage)):
             return False
         upgrade(paths, stage, key)
     elif "key" not in manifest and not damaged_outputs(paths, stage):
@@ -479,14 +484,14 @@ def is_done(paths: RunPaths, stage: str, key: str, keep: tuple[str, ...] = (),
 
 def upgrade(paths: RunPaths, stage: str, key: str) -> None:
     """A manifest of an older run folder, its outputs found as it recorded them, given the
-    content key it matches now and its outputs' digests. Its `hash`, which later stages
-    keyed on, stays: they are not redone either."""
+    key it matches now and its outputs' digests. Its `hash`, which later stages keyed on,
+    stays: they are not redone either."""
     m = paths.manifest(stage)
     manifest = read_json(m)
     write_json(m, {**manifest, "key": key, "outputs": output_fingerprints(paths.root / stage)})
     if str(paths.root) not in _UPGRADED:
-        log.info("%s: upgraded this run folder's manifests to content keys (inputs and outputs known by what "
-                 "they hold, not by where they lie or when they were written); nothing is redone", paths.root)
+        log.info("%s: upgraded this run folder's manifests to the current keys (inputs and outputs known by what "
+                 "they hold, each stage keyed on what its outputs depend on); nothing is redone", paths.root)
     _UPGRADED.add(str(paths.root))
 
 
@@ -549,8 +554,12 @@ def _files_digest(folder: Path, files: tuple[str, ...]) -> str | None:
 
 
 def finish(paths: RunPaths, stage: str, key: str, stats: dict, started: float,
-           digest_files: tuple[str, ...] = ()) -> dict:
+           digest_files: tuple[str, ...] = (), passes_on: str | None = None) -> dict:
     """Write the manifest: key, stats, output fingerprints, and a digest of `digest_files`.
+
+    `passes_on`: the hash later stages key on, where it is not the stage's own key: the
+    part of it that what they read depends on (the token store passes on its settings and
+    inputs, not its cap: climb.stages.tokenization).
 
     After a repair (is_done found damaged outputs) the digest is compared with the one
     before: where the stage did not reproduce what it had (k-means on a GPU, say), the
@@ -569,8 +578,8 @@ def finish(paths: RunPaths, stage: str, key: str, stats: dict, started: float,
             log.warning("%s: the re-created outputs differ from the previous ones; later stages run again", stage)
         write_json(state_file(folder), {"hash": key, "resume": state.get("resume")})
     # `hash` is what later stages key on; `key` what this stage's next run matches (equal
-    # but in an upgraded older run folder, see upgrade).
-    manifest = {"stage": stage, "hash": key, "key": key, "resume": state.get("resume"), "stats": stats,
+    # but in an upgraded older run folder, see upgrade, or where the stage passes on less).
+    manifest = {"stage": stage, "hash": passes_on or key, "key": key, "resume": state.get("resume"), "stats": stats,
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "digest": files_digest,
                 "outputs": output_fingerprints(folder)}
     if content:
@@ -583,15 +592,16 @@ def finish(paths: RunPaths, stage: str, key: str, stats: dict, started: float,
 def execute(paths: RunPaths, stage: str, key: str, body: Callable[[Path, Any], dict], *, executor=None,
             processes: int = 1, keep: tuple[str, ...] = (), cascade: dict[str, str] | None = None,
             keep_on_change: bool = False, digest_files: tuple[str, ...] = (), keep_dirs: tuple[str, ...] = (),
-            legacy_key: str | None = None, resume_key: str | None = None) -> dict:
+            legacy_key: str | tuple[str, ...] | None = None, resume_key: str | None = None,
+            passes_on: str | None = None) -> dict:
     """What every stage does around its own work: skip it if it finished with this key and
     its outputs are intact; otherwise begin (or resume) it, run `body(folder, executor)`
     (the executor of `executor`, an ExecutorConfig, with `processes` local workers; None
     without one), and write the manifest from the stats it returns.
 
     `keep`, `cascade` and `legacy_key` (see is_done), `keep_on_change`, `keep_dirs` and
-    `resume_key` (see begin) and `digest_files` (see finish) are the stage's own rules for
-    repairs and changes.
+    `resume_key` (see begin) and `digest_files` and `passes_on` (see finish) are the
+    stage's own rules for repairs and changes.
     """
     if is_done(paths, stage, key, keep, cascade, legacy_key):
         return skipped(paths, stage)
@@ -603,7 +613,7 @@ def execute(paths: RunPaths, stage: str, key: str, body: Callable[[Path, Any], d
         from climb.runtime.executor import make_executor
         with make_executor(executor, processes) as ex:
             stats = body(folder, ex)
-    return finish(paths, stage, key, stats, started, digest_files)
+    return finish(paths, stage, key, stats, started, digest_files, passes_on)
 
 
 def skipped(paths: RunPaths, stage: str) -> dict:

@@ -87,31 +87,42 @@ def contaminated_docs(arr: np.ndarray, targets: np.ndarray, n: int,
     return docs, hits[first], lengths
 
 
-def scan_store(store, targets: np.ndarray, n: int, eos: int, tok, id_of, examples: int = 3) -> dict:
+def scan_store(store, targets: np.ndarray, n: int, eos: int, tok, id_of, examples: int = 3,
+               read: int = 0) -> dict:
     """Every cluster of a token store scanned (`contaminated_docs`): per cluster the documents
     and their tokens contaminated, and a few examples (the document's id, `id_of(cluster,
-    indices)`, and the matching text). A capped store (tokenize.cap) is scanned where it holds a
-    cluster, a representative part: `cluster_docs` and `cluster_tokens` count what was scanned,
-    so `tokens / cluster_tokens` is the contaminated share either way."""
+    indices)`, and the matching text). `read` > 0 scans what a model reading that many tokens of
+    each cluster reads (TokenStore.head: the same from any store keeping as many, so the scan does
+    not change with the store's cap); 0 what the store holds. A capped store (tokenize.cap), or a
+    cluster larger than `read`, is scanned in a representative part: `cluster_docs` and
+    `cluster_tokens` count what was scanned, so `tokens / cluster_tokens` is the contaminated share
+    either way."""
+    from proxies.token_store import apportion
     per = []
     first_docs = _first_docs(store)
     for c in range(store.n_clusters):
         arr = store.array(c)
-        if store.stored[c] == store.tokens[c]:  # every document whole, in merge order
+        stored = int(store.stored[c])
+        size = min(read, stored) if read else stored
+        if size == store.tokens[c]:  # every document whole, in merge order
             docs, pos, lengths = contaminated_docs(arr, targets, n, eos)
             bad, scanned = int(lengths[docs].sum()) if len(docs) else 0, len(lengths)
         else:  # each shard's share: its first documents, the last one cut short
+            pieces = store.pieces(c)
+            shares = ([m for _, _, m, _ in pieces] if size == stored
+                      else apportion(size, [full for _, _, _, full in pieces]))
             docs, pos, bad, scanned = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], 0, 0
-            for shard, a, m, _ in store.pieces(c):
+            for (shard, a, _, _), m in zip(pieces, shares):
                 if m:
                     d, p, ln = contaminated_docs(arr[a:a + m], targets, n, eos)
-                    docs.append(d + first_docs[shard].get(c, 0))  # the cluster's document order, as doc_ids counts
+                    # the cluster's document order, as doc_ids counts
+                    docs.append(d + first_docs.get(shard, {}).get(c, 0))
                     pos.append(p + a)
                     bad, scanned = bad + int(ln[d].sum()), scanned + len(ln)
             docs, pos = np.concatenate(docs), np.concatenate(pos)
         ids = id_of(c, docs[:examples]) if len(docs) else []
         per.append({"cluster": c, "docs": int(len(docs)), "cluster_docs": int(scanned),
-                    "tokens": bad, "cluster_tokens": int(len(arr)),
+                    "tokens": bad, "cluster_tokens": int(size),
                     "examples": [{"id": i, "text": tok.decode([int(t) for t in arr[p:p + n]])}
                                  for i, p in zip(ids, pos[:examples])]})
     return {"ngram": n, "target_ngrams": int(len(targets)), "clusters": per,
@@ -119,16 +130,18 @@ def scan_store(store, targets: np.ndarray, n: int, eos: int, tok, id_of, example
 
 
 def _first_docs(store) -> dict:
-    """{shard: {cluster: documents of the cluster in the shards before it}} (a capped store's
-    pieces begin there in the cluster's document order, which `doc_ids` counts in), from the
-    parts' done.json; {} for a store that is not capped."""
+    """{shard: {cluster: documents of the cluster in the shards before it}} (a shard's share of a
+    cluster begins there in the cluster's document order, which `doc_ids` counts in), from the
+    parts' done.json; {} for a store without per-shard records."""
     import json
-    if not store.cap:
+    if "shard_tokens" not in store.index:
         return {}
     out, seen = {}, {}
     for shard in store.index["shards"]:
         out[shard] = dict(seen)
         done = store.path / "parts" / shard / "done.json"
+        if not done.exists():
+            continue
         for c, k in json.loads(done.read_text()).get("docs_per_cluster", {}).items():
             seen[int(c)] = seen.get(int(c), 0) + int(k)
     return out
@@ -156,7 +169,9 @@ def check(cfg, paths) -> dict | None:
     tok = tokenizer_of(paths.tokenize.dir)
     targets = target_ngrams(target["texts"], target["tasks"], tok, n)
     store = TokenStore(paths.tokenize.store)
-    scan = scan_store(store, targets, n, tok.eos_id, tok, lambda c, idx: doc_ids(paths, store, c, idx))
+    # What the proxies read of each cluster: the search's figures do not change with the store's cap.
+    scan = scan_store(store, targets, n, tok.eos_id, tok, lambda c, idx: doc_ids(paths, store, c, idx),
+                      read=cfg.proxy.read_cap())
     write_json(paths.search.contamination, scan)
     log.info("contamination: %d documents (%d tokens) share a %d-gram with the target", scan["docs"],
              scan["tokens"], n)

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 from tqdm.auto import tqdm
 
-from climb.config import CorpusConfig, EmbedConfig, RunConfig, digest
+from climb.config import CorpusConfig, EmbedConfig, RunConfig, digest, without
 from climb.io.files import (InputError, file_name, fingerprint, is_url, read_documents, shard_name,
                             write_npy, write_parquet)
 from climb.runtime.device import resolve_device, resolve_dtype
@@ -233,11 +233,21 @@ def key(cfg: RunConfig, paths: RunPaths, files: list[Path | str] | None = None, 
     return digest(resume_key(cfg), content_fingerprint(files, paths.digests))
 
 
+def former_key(cfg: RunConfig, paths: RunPaths, files: list[Path | str]) -> str:
+    """The key as climb computed it before the "tuned" student's settings left the key of the
+    other backends (an older run folder's manifest may hold it)."""
+    from climb.io.digests import content_fingerprint
+    return digest(digest(cfg.corpus.text_column, cfg.corpus.id_column, cfg.embed, precision(cfg)),
+                  content_fingerprint(files, paths.digests))
+
+
 def resume_key(cfg: RunConfig) -> str:
     """What the embeddings depend on besides the corpus's bytes: the columns, the settings, and
     the device and precision they resolve to here (`embed.dtype = "auto"` is bf16 on one
-    machine and fp32 on another: their embeddings never share a key)."""
-    return digest(cfg.corpus.text_column, cfg.corpus.id_column, cfg.embed, precision(cfg))
+    machine and fp32 on another: their embeddings never share a key). The "tuned" student's
+    settings (tune_sample, student) only where it embeds: another backend never reads them."""
+    settings = cfg.embed if cfg.embed.backend == "tuned" else without(cfg.embed, "tune_sample", "student")
+    return digest(cfg.corpus.text_column, cfg.corpus.id_column, settings, precision(cfg))
 
 
 def precision(cfg: RunConfig) -> list[str]:
@@ -287,9 +297,13 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
         clash = sorted({n for n in names if names.count(n) > 1})
         raise InputError(f"corpus files share the shard name(s) {clash} (e.g. part.parquet in two folders); "
                          "rename them or list one folder per run in corpus.paths")
-    return execute(paths, "embed", key(cfg, paths, files), lambda folder, ex: _embed(cfg, paths, files, folder, ex),
-                   executor=cfg.executor, legacy_key=older_key(paths, "embed", lambda: key(cfg, paths, files, True)),
-                   resume_key=resume_key(cfg))
+    k = key(cfg, paths, files)
+    # Keys of older run folders: by path and time (before content keys), or with every [embed] field.
+    older = tuple(o for o in (older_key(paths, "embed", lambda: key(cfg, paths, files, True)),
+                              former_key(cfg, paths, files) if paths.manifest("embed").exists() else None)
+                  if o and o != k)
+    return execute(paths, "embed", k, lambda folder, ex: _embed(cfg, paths, files, folder, ex),
+                   executor=cfg.executor, legacy_key=older, resume_key=resume_key(cfg))
 
 
 def _teacher(cfg: RunConfig):

@@ -82,10 +82,15 @@ def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: 
 
 
 def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False) -> str:
-    """The stage key: the token store, the proxies, the target with its files by what they hold
-    (`legacy`: without them, as older run folders keyed it), the search and the budget."""
+    """The stage key: the token store as the proxies read it, the proxies, the target with its files
+    by what they hold (`legacy`: without them, as older run folders keyed it), the search and the
+    budget (its epoch caps). Not the store's cap: every proxy (experts and a shared base too) reads
+    the first proxy.read_cap() tokens of a cluster, the same from any store that keeps as many, so a
+    store sized for the validation model reruns no search (climb.stages.tokenization.short_of)."""
+    from climb.stages.tokenization import short_of
     # A time limit, the retry rule or the curves recorded change how proxies run, not what they measure.
-    parts = [upstream_key(paths, "tokenize"), without(cfg.proxy, "timeout_s", "curve_points", "curve_evals"),
+    parts = [upstream_key(paths, "tokenize"), *short_of(paths, cfg.proxy.read_cap()),
+             without(cfg.proxy, "timeout_s", "curve_points", "curve_evals"),
              cfg.target, without(cfg.search, "retry_failed"), cfg.export.token_budget]
     return digest(*parts) if legacy else digest(*parts, target_files(cfg.target, paths.root, paths.digests))
 

@@ -167,7 +167,9 @@ def shared_base(cfg: RunConfig, paths: RunPaths, ex, space: dict) -> str:
     if not at:
         return ""
     ckpt, rec_file = paths.search.base_checkpoint, paths.search.base
-    key = digest(upstream_key(paths, "tokenize"), without(cfg.proxy, "timeout_s", "curve_points", "curve_evals"), at,
+    from climb.stages.tokenization import short_of
+    key = digest(upstream_key(paths, "tokenize"), *short_of(paths, cfg.proxy.read_cap()),
+                 without(cfg.proxy, "timeout_s", "curve_points", "curve_evals"), at,
                  cfg.search.seed, [round(float(w), 12) for w in space["natural"]])
     have = read_json(rec_file) if rec_file.exists() else {}
     if have.get("key") == key and have.get("base", {}).get("status") == "ok" and ckpt.exists():

@@ -18,7 +18,14 @@ one token file per cluster (proxies.tokens). Outputs, under `<run>/tokenize/`:
 
 The cap (`tokenize.cap`, "auto": steps x batch_size x (seq_len + 1) of the proxies,
 climb.config.checks.token_cap) is what a proxy can read of a cluster, so the proxies
-train on the same batches as from an uncapped store; it is part of the stage's key.
+train on the same batches as from an uncapped store; it is part of the stage's key. It
+is not part of what later stages key on (the manifest's `hash`, `_passed_on`): a model
+reading n tokens of a cluster gets the same n from any store capped at n or more, so a
+larger cap (validate.enabled sizes the store for the validation model) reruns no search;
+a stage whose models read more than the store keeps adds the cap to its key (`short_of`).
+A change of the cap alone keeps the tokenizer and the parts: the store is merged again at
+the new cap, and the shards whose share of a cluster grew are tokenised again. Under
+"auto", a finished store capped higher (or not capped) serves as it is (`store_cap`).
 
 A shard whose part is complete is not tokenised again, so a killed stage resumes
 shard by shard; a merged store found damaged later tokenises its shards again. When
@@ -139,44 +146,109 @@ def tokenizer_texts(cfg: RunConfig, files: list[Path | str]) -> list[str]:
     return texts
 
 
-def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False) -> str:
-    proxy_cfg = cfg.proxy
-    # A given tokenizer keys by its content too (`legacy`: by its path and time, as older run
-    # folders did); a missing one is named by load_tokenizer when the stage runs.
-    given = None
-    if proxy_cfg.tokenizer and Path(proxy_cfg.tokenizer).exists():
-        from climb.io.digests import content_fingerprint
-        given = fingerprint([proxy_cfg.tokenizer]) if legacy else content_fingerprint([proxy_cfg.tokenizer],
-                                                                                      paths.digests)
-    decon = []
-    if cfg.target.decontaminate:  # the store leaves the target's documents out: it keys on the target
-        from climb.runtime.targets import target_files
-        decon = [cfg.target.contamination, target_files(cfg.target, paths.root, paths.digests)]
-    return digest(upstream_key(paths, "cluster"), *_settings(cfg, given), *decon)
+def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False, cap: int | None = None) -> str:
+    """The stage key: the clusters, the columns, the tokenizer's settings (a given one by what it
+    holds; `legacy`: by its path and time, as older run folders keyed it), the cap (`cap`: this one
+    instead of the run folder's, `store_cap`) and, with target.decontaminate, the target."""
+    cap = store_cap(cfg, paths) if cap is None else cap
+    return digest(upstream_key(paths, "cluster"), *_settings(cfg, _given(cfg, paths, legacy), cap),
+                  *_decontaminated_target(cfg, paths))
 
 
-def _settings(cfg: RunConfig, given) -> list:
+def _given(cfg: RunConfig, paths: RunPaths, legacy: bool = False):
+    """A given tokenizer's fingerprint (None: trained on the corpus, or missing: load_tokenizer
+    names it when the stage runs)."""
+    if not (cfg.proxy.tokenizer and Path(cfg.proxy.tokenizer).exists()):
+        return None
+    from climb.io.digests import content_fingerprint
+    return fingerprint([cfg.proxy.tokenizer]) if legacy else content_fingerprint([cfg.proxy.tokenizer], paths.digests)
+
+
+def _decontaminated_target(cfg: RunConfig, paths: RunPaths) -> list:
+    if not cfg.target.decontaminate:  # the store leaves the target's documents out: it keys on the target
+        return []
+    from climb.runtime.targets import target_files
+    return [cfg.target.contamination, target_files(cfg.target, paths.root, paths.digests)]
+
+
+def _settings(cfg: RunConfig, given, cap: int | None = None) -> list:
+    """The columns, the tokenizer's settings and `cap` (None: the config's, token_cap: a change of
+    the proxies' steps moves "auto"); no cap keys as before caps."""
     from climb.config.checks import token_cap
     proxy_cfg = cfg.proxy
-    cap = token_cap(cfg)
-    # The cap resolved (a change of the proxies' steps moves "auto"); none keys as before caps.
+    cap = token_cap(cfg) if cap is None else cap
     return [cfg.corpus.text_column, cfg.corpus.id_column,
             {"tokenizer": proxy_cfg.tokenizer, "vocab_size": proxy_cfg.vocab_size,
              "tokenizer_docs": proxy_cfg.tokenizer_docs}, given, *([{"cap": cap}] if cap else [])]
 
 
-def resume_key(cfg: RunConfig, paths: RunPaths) -> str | None:
-    """What the tokenizer and the parts depend on besides the assignments: the clusters' own
-    settings and the tokenizer's (None where the clusters are fitted again: a refit moves
-    every document)."""
-    up = upstream_resume(paths, "cluster")
-    if up is None:
+def store_cap(cfg: RunConfig, paths: RunPaths) -> int:
+    """The cap the run folder's store has: tokenize.cap resolved (token_cap), or under "auto" the
+    cap of the finished store of these settings where it keeps more (or every token): it gives
+    every model what it reads, as a store made at the smaller cap would (after `make validate`,
+    a run without validation keeps the store sized for the validation model)."""
+    return _cap(cfg, _finished_store(cfg, paths))
+
+
+def _cap(cfg: RunConfig, finished: dict | None) -> int:
+    from climb.config.checks import token_cap
+    need = token_cap(cfg)
+    if cfg.tokenize.cap != "auto" or finished is None:
+        return need
+    had = int(finished["stats"]["cap"])
+    return had if had == 0 or had > need else need
+
+
+def _finished_store(cfg: RunConfig, paths: RunPaths) -> dict | None:
+    """The tokenize manifest where it is of a store of these settings and inputs at the cap it
+    records (a store made at another cap, or at this one); None elsewhere."""
+    m = paths.manifest("tokenize")
+    try:
+        manifest = read_json(m) if m.exists() else None
+        had = manifest["stats"]["cap"] if manifest else None
+    except (ValueError, KeyError, TypeError):
         return None
-    given = None
-    if cfg.proxy.tokenizer and Path(cfg.proxy.tokenizer).exists():
-        from climb.io.digests import content_fingerprint
-        given = content_fingerprint([cfg.proxy.tokenizer], paths.digests)
-    return digest(up, *_settings(cfg, given))
+    if had is None or manifest.get("key", manifest.get("hash")) != key(cfg, paths, cap=int(had)):
+        return None
+    return manifest
+
+
+def _passed_on(cfg: RunConfig, paths: RunPaths, k: str, finished: dict | None) -> str:
+    """What later stages key on (the manifest's `hash`), for the stage's key `k`: the store's
+    settings and inputs, not its cap (the key of an uncapped store of these settings). A store
+    made again at another cap passes on what its previous version did, so the stages after it
+    keep their keys (the tokenizer and the parts are kept, and the first n tokens of each
+    cluster stay the same for every n up to both caps: proxies.token_store)."""
+    if finished is None:
+        return key(cfg, paths, cap=0)
+    if finished.get("key", finished.get("hash")) == k:  # the same store (a repair)
+        return finished["hash"]
+    # What the later stages took from it (upstream_key), a repair's changed content with it.
+    return digest(finished["hash"], finished["content"]) if finished.get("content") else finished["hash"]
+
+
+def short_of(paths: RunPaths, reads: int) -> list:
+    """[the store's cap] where the finished store keeps fewer tokens of a cluster than a model
+    reading `reads` of each (0: none) takes from it, so that model trains on less than an uncapped
+    store gives it (`climb validate` on a store sized for the proxies); [] elsewhere. A stage
+    whose models read the store keys on it beside what the store passes on (upstream_key): the
+    two are the store as those models see it."""
+    upstream_key(paths, "tokenize")  # the store is there, as the stage left it
+    index = read_json(paths.tokenize.store / "index.json")
+    cap = int(index.get("cap", 0))
+    if not cap or not reads or cap >= reads or all(int(t) <= cap for t in index["tokens"]):
+        return []
+    return [{"store_cap": cap}]
+
+
+def resume_key(cfg: RunConfig, paths: RunPaths) -> str:
+    """What the tokenizer and the parts depend on besides the assignments and the cap (each part
+    records the cap it was made at; the merge takes what each part or the previous merge holds):
+    the clusters' own settings (where the clusters are fitted again, cluster.refit, their key: a
+    refit moves every document) and the tokenizer's."""
+    up = upstream_resume(paths, "cluster")
+    return digest(up if up is not None else ["clusters", upstream_key(paths, "cluster")],
+                  *_settings(cfg, _given(cfg, paths), 0))
 
 
 def cluster_tokens(paths: RunPaths) -> np.ndarray:
@@ -187,20 +259,38 @@ def cluster_tokens(paths: RunPaths) -> np.ndarray:
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
+    finished = _finished_store(cfg, paths)
+    cap = _cap(cfg, finished)
+    k, resume = key(cfg, paths, cap=cap), resume_key(cfg, paths)
+    if finished is not None:
+        _resume_at_another_cap(paths, finished, resume)
     # A damaged tokenizer takes the token store made with it along.
-    return execute(paths, "tokenize", key(cfg, paths), lambda folder, ex: _tokenize(cfg, paths, ex),
+    return execute(paths, "tokenize", k, lambda folder, ex: _tokenize(cfg, paths, ex, cap),
                    executor=cfg.executor, cascade={"tokenizer.json": "tokens"},
                    digest_files=("tokenizer.json", "tokens/index.json"),
-                   legacy_key=older_key(paths, "tokenize", lambda: key(cfg, paths, legacy=True)),
-                   resume_key=resume_key(cfg, paths))
+                   legacy_key=older_key(paths, "tokenize", lambda: key(cfg, paths, legacy=True, cap=cap)),
+                   resume_key=resume, passes_on=_passed_on(cfg, paths, k, finished))
 
 
-def _tokenize(cfg: RunConfig, paths: RunPaths, ex) -> dict:
-    from climb.config.checks import token_cap
+def _resume_at_another_cap(paths: RunPaths, finished: dict, resume: str) -> None:
+    """A finished store of these settings at another cap is resumed, not made anew: where its
+    stage state holds another resume key (one of an older run folder, which keyed the parts on
+    the cap too), it is given this one."""
+    from climb.io.files import write_json
+    from climb.runtime.stage import state_file
+    state = state_file(paths.tokenize.dir)
+    try:
+        held = read_json(state) if state.exists() else {}
+    except ValueError:
+        held = {}
+    if held.get("resume") != resume:
+        write_json(state, {**held, "hash": held.get("hash", finished.get("key", finished["hash"])), "resume": resume})
+
+
+def _tokenize(cfg: RunConfig, paths: RunPaths, ex, cap: int) -> dict:
     from proxies.tokenizer import load_tokenizer, train_bpe
     from proxies.tokens import PartsNeeded, TokenStore, drop_merged_parts, merge_token_stores, store_is_complete
     out = paths.tokenize
-    cap = token_cap(cfg)
     if out.tokenizer.exists():
         tok = load_tokenizer(out.tokenizer)
     elif cfg.proxy.tokenizer:

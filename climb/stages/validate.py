@@ -45,12 +45,20 @@ def read_results(paths: RunPaths) -> list[dict]:
     return results_log.load(paths.validate.results)
 
 
-def key(cfg: RunConfig, paths: RunPaths) -> str:
+def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False) -> str:
+    """The stage key: the search (the token store it read with it), the validation model, the
+    target and [validate]; and the store's cap where it keeps less of a cluster than the built-in
+    validation model reads (tokenized without validate.enabled: climb.stages.tokenization.short_of),
+    so that the stage runs again once the store holds what it reads. `legacy`: without that cap,
+    as older run folders keyed it."""
+    from climb.stages.tokenization import short_of
     model = validation_model(cfg)
+    searched = upstream_key(paths, "search")
     # Whether `climb run` validates, a time limit, the retry rule, the curves recorded: how it runs, not
     # what it measures.
-    return digest(upstream_key(paths, "search"), without(model, "timeout_s", "curve_points", "curve_evals"), cfg.target,
-                  without(cfg.validate, "enabled"))
+    short = [] if legacy or model.command else short_of(paths, model.read_cap())
+    return digest(searched, without(model, "timeout_s", "curve_points", "curve_evals"), cfg.target,
+                  without(cfg.validate, "enabled"), *short)
 
 
 def heldout_target(cfg: RunConfig) -> TargetConfig | None:
@@ -129,9 +137,10 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
     check_validation_trains(cfg)
     model = validation_model(cfg)
     # The results log is repaired in place; results under another config are moved aside.
-    return execute(paths, "validate", key(cfg, paths), lambda folder, ex: _validate(cfg, paths, model, ex),
+    k, older = key(cfg, paths), key(cfg, paths, legacy=True)
+    return execute(paths, "validate", k, lambda folder, ex: _validate(cfg, paths, model, ex),
                    executor=cfg.executor, processes=proxy_processes(model, cfg.executor),
-                   keep=("results.jsonl",), keep_on_change=True)
+                   keep=("results.jsonl",), keep_on_change=True, legacy_key=older if older != k else None)
 
 
 def _validate(cfg: RunConfig, paths: RunPaths, model, ex) -> dict:
