@@ -196,6 +196,30 @@ def _baselines(preset: str) -> dict:
     return {}
 
 
+def spread(records: list[dict]) -> dict:
+    """What finished default runs alone say (no replay needed): the sd of the found objective over
+    search seeds, the measurement's share of it (the run x comparison-seed residual of the climb
+    mixture's proxies: every run uses the same comparison seeds, so a seed's common effect cancels),
+    and the winner's curse (the found mixture's comparison mean minus its own search measurement:
+    a pick that chased a lucky proxy measures worse when trained again)."""
+    import numpy as np
+    cs = records[0]["comparison_seeds"]
+    V = np.array([[r["comparison"][f"climb/{c}"]["objective"] for c in cs] for r in records])
+    S, E = V.shape
+    res = V - V.mean(1, keepdims=True) - V.mean(0, keepdims=True) + V.mean()
+    meas_sd = float(np.sqrt((res ** 2).sum() / ((S - 1) * (E - 1)) / E))
+    F = V.mean(1)
+    best = np.array([r["mixtures"]["best_seen"]["objective"] for r in records])
+    share = [r["held_out_share"]["climb"] for r in records if "held_out_share" in r]
+    return {"runs": S, "comparison_seeds": E, "found_sd": float(F.std(ddof=1)),
+            "found_range": [float(F.min()), float(F.max())], "measurement_sd": meas_sd,
+            "measurement_share_of_variance": meas_sd ** 2 / float(F.var(ddof=1)),
+            "best_seen_sd": float(best.std(ddof=1)), "curse_mean": float((F - best).mean()),
+            "curse_sd": float((F - best).std(ddof=1)), "corr_best_seen_found": float(np.corrcoef(best, F)[0, 1]),
+            "held_out_share": [float(min(share)), float(max(share))] if share else None,
+            "pick_sd": [(r["quality"].get("steadiness") or {}).get("pick_sd") for r in records]}
+
+
 def decompose(preset: str, seeds: list[int], rules: list[str], out: str | None) -> dict:
     """The seed-to-seed spread of the found objective: the measurement's own noise (split halves of
     the comparison seeds), the pick (the rules' spread on one trajectory) and the region (the
@@ -257,7 +281,9 @@ def decompose(preset: str, seeds: list[int], rules: list[str], out: str | None) 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("verb", choices=["train", "replay", "decompose"])
+    ap.add_argument("verb", choices=["train", "replay", "decompose", "spread"])
+    ap.add_argument("--records", default="g49{preset}_default_s{seed}",
+                    help="spread: the record names, e.g. g32tech_default_s{seed} for issue 32's runs")
     ap.add_argument("--preset", choices=list(PRESETS), default="tech")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(20, 30)))
     ap.add_argument("--rules", nargs="+", default=["seen", "measured-predicted", "predicted", "predicted-mean16"],
@@ -266,6 +292,13 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if a.verb == "train":
         train(a.preset, a.seeds)
+    elif a.verb == "spread":
+        recs = [json.loads(f.read_text()) for f in (RECORDS / (a.records.format(preset=a.preset, seed=s) + ".json")
+                                                     for s in a.seeds) if f.exists()]
+        obj = spread(recs)
+        print(json.dumps(obj, indent=1))
+        if a.json:
+            write_result(a.json, obj)
     elif a.verb == "replay":
         replay(a.preset, a.seeds, a.rules)
     else:
