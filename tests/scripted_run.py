@@ -40,12 +40,14 @@ def prepare(tmp_path: Path, monkeypatch, *extra: str, docs: list[dict] | None = 
     from climb.runtime.stage import RunPaths
     write_parquet_shards(tmp_path / "corpus", docs or vocab_docs(40), 2)
     control = tmp_path / "control.json"
+    target = tmp_path / "target.jsonl"  # the scripted trainer never reads it; preflight checks it exists
+    target.write_text(json.dumps({"text": "held-out words"}) + "\n")
     script(control, log=str(tmp_path / "trainer.log"), gate=str(tmp_path / "gate"))
     cfg = load_config(None, [
         f'corpus.paths=["{tmp_path}/corpus/*.parquet"]', "cluster.k=4", "cluster.niter=10",
         "proxy.vocab_size=320", "proxy.seq_len=16", "proxy.tokenizer_docs=100",
         f'proxy.command="{sys.executable} {HELPER} {{weights}} {{out}} {control}"',
-        'target.objective=["loss"]', 'target.goal="minimize"', 'target.texts=["x"]',
+        'target.objective=["loss"]', 'target.goal="minimize"', f'target.texts=["{target}"]',
         "search.iterations=[4, 2]", "search.pool_size=2000", "search.min_weight=0.0", "search.eval_seeds=2", "search.replicates=0",
         "search.epoch_cap=100.0", "export.token_budget=3000", *extra])
     monkeypatch.setattr(climb.stages.embed, "load_model", lambda c: FakeModel())
