@@ -40,7 +40,7 @@ def prepare(tmp_path: Path, monkeypatch, *extra: str, docs: list[dict] | None = 
     from climb.runtime.stage import RunPaths
     write_parquet_shards(tmp_path / "corpus", docs or vocab_docs(40), 2)
     control = tmp_path / "control.json"
-    target = tmp_path / "target.jsonl"  # the scripted trainer never reads it; preflight checks it exists
+    target = tmp_path / "scripted_target.jsonl"  # the scripted trainer never reads it; preflight checks it exists
     target.write_text(json.dumps({"text": "held-out words"}) + "\n")
     script(control, log=str(tmp_path / "trainer.log"), gate=str(tmp_path / "gate"))
     cfg = load_config(None, [
