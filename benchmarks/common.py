@@ -58,7 +58,7 @@ def shared_or_skip(path: str | Path, who: str, pattern: str | None = None) -> Pa
 
 def run_paths(run: str | Path):
     """climb's RunPaths of a run folder (e.g. runs/demo): where each stage's files are."""
-    from climb.runtime.stage import RunPaths
+    from climb.runtime.layout import RunPaths
     return RunPaths(Path(run))
 
 

@@ -39,7 +39,7 @@ def main(argv=None) -> None:
     import torch
 
     from climb.config import EmbedConfig
-    from climb.stages.demo import bbc_articles
+    from climb.stages.embed.demo import bbc_articles
     from climb.stages.embed import load_model
     from proxies.model import GPT, GPTConfig
     torch.set_num_threads(args.threads)

@@ -132,12 +132,12 @@ def bench_embed(cfg, paths, results: list, details_common: dict) -> None:
 
 
 def bench_swarm(cfg, paths, n_proxies: int, results: list, details_common: dict, in_process: bool) -> None:
-    from climb.stages import cluster, search, tokenization
+    from climb.stages import cluster, search, tokenize
     from climb.runtime.executor import DaskExecutor, LocalExecutor
     from climb.runtime.proxy_runs import train_and_score
     cluster.run(cfg, paths)
-    tokenization.run(cfg, paths)
-    tokens = tokenization.cluster_tokens(paths)
+    tokenize.run(cfg, paths)
+    tokens = tokenize.cluster_tokens(paths)
     space = search.mixture_space(cfg, tokens)
     rng = np.random.default_rng(0)
     k = len(tokens)

@@ -1,4 +1,4 @@
-"""Near duplicates in a large fine cluster: the IVF search (climb.stages.dedup.ivf_pairs,
+"""Near duplicates in a large fine cluster: the IVF search (climb.stages.cluster.dedup.ivf_pairs,
 above NEAR_EXACT_MAX documents: list by list, one matrix product a list) against FAISS's
 per-query search of the same lists (what the near pass ran before) and the exact flat
 search, on a synthetic fine cluster of `--n` vectors with planted near duplicates. Recall of
@@ -48,7 +48,7 @@ def per_query_ivf(x: np.ndarray, threshold: float, neighbors: int) -> tuple[np.n
     what the near pass ran before `ivf_pairs`), the pairs over the threshold."""
     import faiss
 
-    from climb.stages import dedup
+    from climb.stages.cluster import dedup
     n, d = x.shape
     nlist = max(1, n // dedup.IVF_LIST)
     index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
@@ -69,7 +69,7 @@ def per_query_ivf(x: np.ndarray, threshold: float, neighbors: int) -> tuple[np.n
 
 def exact_pairs(x: np.ndarray, threshold: float, neighbors: int) -> tuple[np.ndarray, np.ndarray]:
     """The exact search's pairs (a flat index, as near_groups runs it up to NEAR_EXACT_MAX)."""
-    from climb.stages import dedup
+    from climb.stages.cluster import dedup
     index = dedup._flat(x)
     a_, b_ = [], []
     for a in range(0, len(x), 8192):
@@ -93,7 +93,7 @@ def timed(fn):
 
 
 def groups(x: np.ndarray, ab) -> np.ndarray:
-    from climb.stages import dedup
+    from climb.stages.cluster import dedup
     return dedup._firsts(len(x), *ab)
 
 
@@ -101,7 +101,7 @@ def main() -> None:
     import faiss
     from threadpoolctl import threadpool_limits
 
-    from climb.stages import dedup
+    from climb.stages.cluster import dedup
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=50_000)
     ap.add_argument("--vectors", default="", help="a real fine cluster's embeddings (.npy) instead")

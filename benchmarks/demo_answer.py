@@ -59,7 +59,7 @@ def cluster_label_shares(run: Path, label: str = TARGET_LABEL) -> np.ndarray:
 def held_out_label(run: Path) -> str:
     """The label of the run's held-out section (the code domain's documents are "python")."""
     from climb.config import load_config
-    from climb.stages.demo import section
+    from climb.stages.embed.demo import section
     build = load_config(run_paths(run).config).corpus.build or "demo"
     name = section(build)
     return "python" if name == "code" else name

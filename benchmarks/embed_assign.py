@@ -22,7 +22,7 @@ For k = 20 and 50, NMI with the labels of:
 - `torch_assign`: the teacher's k-means on the sample, each measured document placed by the
   teacher at its nearest centroid (the most sample and assign can reach);
 - `student`: the same centroids, each measured document placed by
-  `climb.stages.assign_student` (TF-IDF, logistic regression trained on the sample's
+  `climb.stages.embed.student` (TF-IDF, logistic regression trained on the sample's
   teacher clusters, C by cross-validation on the sample), and `student_agrees`, the share
   of documents it places where `torch_assign` does.
 
@@ -35,7 +35,7 @@ later stages read), and the corpus size from which the end-to-end rate (the teac
 over the sample and the student's fit counted) reaches 20x the teacher's.
 The teacher's vectors are cached in `--cache` (npz, keyed by the arguments).
 
-`--ridge` measures R instead (`climb.stages.embed_tfidf`: TF-IDF vectors ridge-mapped into
+`--ridge` measures R instead (`climb.stages.embed.tfidf`: TF-IDF vectors ridge-mapped into
 the teacher's space, fit on the sample, k-means on the measured documents' student
 vectors): NMI at k-means seeds `--kmeans-seeds` for torch and R, their means, R's cosine
 with the teacher, and the speeds, the teacher's timed again beside the student's (on 500
@@ -77,9 +77,9 @@ def main(argv=None) -> int:
     from sklearn.metrics import normalized_mutual_info_score as nmi
 
     from climb.config import EmbedConfig
-    from climb.stages.assign_student import fit_student, predict
+    from climb.stages.embed.student import fit_student, predict
     from climb.stages.embed import encode, load_model
-    from climb.stages.kmeans import assign, train_kmeans
+    from climb.stages.cluster.kmeans import assign, train_kmeans
 
     texts, labels, _, ids = labelled_docs(corpus, a.skip + a.docs)
     texts, labels = texts[a.skip:], labels[a.skip:]
@@ -142,8 +142,8 @@ def ridge(res: dict, a, texts, labels, sample, t_docs, t_sample) -> int:
 
     from climb.config import EmbedConfig
     from climb.stages.embed import encode, load_model
-    from climb.stages.embed_tfidf import TfidfEncoder, _cosine, fit_tfidf
-    from climb.stages.kmeans import assign, train_kmeans
+    from climb.stages.embed.tfidf import TfidfEncoder, _cosine, fit_tfidf
+    from climb.stages.cluster.kmeans import assign, train_kmeans
     cfg = EmbedConfig(backend="torch")
     window = cfg.max_seq_length
     student, fit_s = _timed(fit_tfidf, sample, t_sample, window)
@@ -189,8 +189,8 @@ def _pilot_students(static, sample, texts, t_sample):
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import normalized_mutual_info_score as nmi
 
-    from climb.stages.embed_tuned import TunedEncoder, fit_linear
-    from climb.stages.kmeans import assign, train_kmeans
+    from climb.stages.embed.tuned import TunedEncoder, fit_linear
+    from climb.stages.cluster.kmeans import assign, train_kmeans
     raw = TunedEncoder(static.model, None, 256, "static")
     s_sample, s_docs = raw.encode(sample), raw.encode(texts)
     linear = fit_linear(raw.encode(sample, normalize_embeddings=False), t_sample)

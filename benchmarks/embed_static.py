@@ -12,7 +12,7 @@ settings for both) on each backend's embeddings, and the normalised mutual
 information and adjusted Rand index of the clusters against `label` and `source`.
 The labels only measure; nothing in climb reads them.
 
-`--tune-sample N` (0: off) adds the two students of `climb.stages.embed_tuned`,
+`--tune-sample N` (0: off) adds the two students of `climb.stages.embed.tuned`,
 taught by the torch default on N documents drawn (by the seeded hash of their ids)
 from the corpus's other documents, every source, none of the measured ones: T, the
 static model trained to the teacher's PCA'd vectors, and L, the static embedding
@@ -48,7 +48,7 @@ def labelled_docs(corpus, n: int) -> tuple[list[str], list[str], list[str], list
 
 def sample_docs(corpus, n: int, exclude: set[str], seed: int = 0) -> tuple[list[str], list[str]]:
     """`n` documents of the whole corpus, none of `exclude`, by climb's seeded hash of their ids."""
-    from climb.stages.embed_tuned import draw_sample
+    from climb.stages.embed.tuned import draw_sample
     files = sorted(corpus.glob("part-*.parquet"))
     ids = [i for f in files for i in pq.read_table(f, columns=["id"]).column("id").to_pylist() if i not in exclude]
     chosen = draw_sample(ids, n, seed)
@@ -72,7 +72,7 @@ def break_even(teacher_seconds: float, fit_seconds: float, student_rate: float, 
 def agreement(emb: np.ndarray, labels: list[str], sources: list[str], ks=(20, 50), seed: int = 0) -> dict:
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-    from climb.stages.kmeans import assign, train_kmeans
+    from climb.stages.cluster.kmeans import assign, train_kmeans
     out = {}
     for k in ks:
         centroids, _ = train_kmeans(emb, k, niter=25, seed=seed)
@@ -125,7 +125,7 @@ def tune(res: dict, corpus, texts, labels, sources, exclude: set[str], n: int) -
     """T and L taught by the torch default on `n` other documents; measured as the backends are."""
     from climb.config import EmbedConfig
     from climb.stages.embed import encode, load_model
-    from climb.stages.embed_tuned import TunedEncoder, fit_linear, fit_tuned
+    from climb.stages.embed.tuned import TunedEncoder, fit_linear, fit_tuned
     cfg = EmbedConfig(backend="torch")
     window = cfg.max_seq_length
     _, sample = sample_docs(corpus, n, exclude)

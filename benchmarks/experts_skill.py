@@ -39,7 +39,7 @@ def expert_logprobs(run: Path) -> tuple[list[int], np.ndarray, np.ndarray]:
     """The clusters with an expert in `run`, their log-probabilities (tokens x experts) and the
     tokens' weights in the objective."""
     from climb.runtime.proxy_runs import coef_path
-    from climb.runtime.stage import RunPaths
+    from climb.runtime.layout import RunPaths
     where = RunPaths(run).search.expert_logprobs
     folder = where(0).parent
     clusters = sorted(int(p.name[len("cluster_"):-len(".coef.npy")]) for p in folder.glob("cluster_*.coef.npy"))
@@ -51,7 +51,7 @@ def expert_logprobs(run: Path) -> tuple[list[int], np.ndarray, np.ndarray]:
 
 def measured(run: Path) -> tuple[np.ndarray, np.ndarray]:
     """The weights and objective of every search proxy of `run` that finished (its last record)."""
-    from climb.runtime.stage import RunPaths
+    from climb.runtime.layout import RunPaths
     from climb.stages.search import read_results
     rows = [r for r in read_results(RunPaths(run)) if r.get("status") == "ok" and r.get("objective") is not None]
     return np.array([r["weights"] for r in rows], float), np.array([r["objective"] for r in rows], float)
@@ -74,9 +74,9 @@ def train_experts(base: Path, run: Path, config: str, sets: list[str], seed: int
     from climb.config.load import load_config
     from climb.runtime.executor import make_executor
     from climb.runtime.device import proxy_processes
-    from climb.runtime.stage import RunPaths
+    from climb.runtime.layout import RunPaths
     from climb.stages.search import experts_feature, mixture_space
-    from climb.stages.tokenization import cluster_tokens
+    from climb.stages.tokenize import cluster_tokens
     if not run.exists():
         shutil.copytree(base, run, copy_function=shutil.copy2)
     cfg = load_config(config, list(sets) + [f"search.seed={seed}", f"search.experts={fraction}"])

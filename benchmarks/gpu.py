@@ -103,7 +103,7 @@ def cluster(args) -> dict:
     from sklearn.cluster import KMeans
 
     from benchmarks.stages import _blobs
-    from climb.stages.kmeans import train_kmeans
+    from climb.stages.cluster.kmeans import train_kmeans
     n, d, k, iters = (20_000, 384, 100, 10) if args.quick else (100_000, 384, 1000, 20)
     which = "torch-cuda" if args.device.startswith("cuda") else "torch"
     x = _blobs(n, d, 2 * k, 0)

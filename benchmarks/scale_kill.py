@@ -92,7 +92,7 @@ RECORD_FILES = ("replicates.json", "comparison.json", "one_shot.json", "experts.
 # cost little to redo run again whole").
 WHOLE_STEP = {
     # assign/: each written by its shard's task, then given the duplicate columns by the dedup
-    # step (climb.stages.dedup.mark), which rewrites a file it has not marked yet
+    # step (climb.stages.cluster.dedup.mark), which rewrites a file it has not marked yet
     "cluster": ("clusters.json", "cluster_centroids.npy", "assign/*.parquet"),
     "tokenize": ("tokens/cluster_*.bin", "tokens/index.json", "target_ngrams.npy"),
     "search": ("swarm_weights.csv", "swarm_metrics.csv", "mixture.json", "quality.json", "one_shot_mixture.json",

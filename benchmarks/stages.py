@@ -77,7 +77,7 @@ def cluster() -> dict:
     """FAISS k-means vs scikit-learn KMeans(lloyd, n_init=1), same k, iterations and init kind."""
     from sklearn.cluster import KMeans
 
-    from climb.stages.kmeans import assign, train_kmeans
+    from climb.stages.cluster.kmeans import assign, train_kmeans
     n, d, k, iters = _env("BENCH_KMEANS_N", 100_000), 384, 1000, 20
     x = _blobs(n, d, 2000, 0)
     with timer() as t:

@@ -74,7 +74,7 @@ def record(run: Path, known_answer: bool) -> dict:
     is a held-out section, every cluster's share of it (so a replayed pick's share is known)."""
     from benchmarks.variant_pair import record as base_record
     from climb.runtime import results as results_log
-    from climb.runtime.stage import RunPaths
+    from climb.runtime.layout import RunPaths
     rec = base_record(run)
     paths = RunPaths(run)
     rec["swarm"] = [{k: r.get(k) for k in ("mixture_id", "iteration", "seed", "weights", "objective", "status",
@@ -132,9 +132,9 @@ def run_config(preset: str, seed: int, rule: str = "seen"):
 
 def replay_pick(preset: str, rec: dict, rule: str) -> dict:
     """The pick `rule` makes on the recorded run's results (the trajectory is the record's)."""
-    from climb.runtime.stage import RunPaths
-    from climb.stages.search_common import final_mixture, mixture_space
-    from climb.stages.tokenization import cluster_tokens
+    from climb.runtime.layout import RunPaths
+    from climb.stages.search.common import final_mixture, mixture_space
+    from climb.stages.tokenize import cluster_tokens
     cfg = run_config(preset, rec["search_seed"], rule)
     space = mixture_space(cfg, cluster_tokens(RunPaths(names(preset))))
     pick = final_mixture(cfg, space, rec["swarm"])
@@ -145,8 +145,8 @@ def replay(preset: str, seeds: list[int], rules: list[str]) -> None:
     """Each rule's pick on each recorded run, trained on the comparison seeds in the base folder
     (kept in runs/g49<preset>_replay/replays.json, resumable; records in benchmarks/results/records)."""
     from climb.runtime.executor import make_executor
-    from climb.runtime.stage import RunPaths
-    from climb.stages.search_common import proxy_task, run_proxies
+    from climb.runtime.layout import RunPaths
+    from climb.stages.search.common import proxy_task, run_proxies
     out_dir = REPO / "runs" / f"g49{preset}_replay"
     out_dir.mkdir(parents=True, exist_ok=True)
     kept = RECORDS / f"g49{preset}_replays.json"

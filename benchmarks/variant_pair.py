@@ -90,7 +90,7 @@ def search_compute(paths) -> dict | None:
     """The proxy compute the search spent to choose (its own proxies, base, merged models,
     replicates and experts, not the comparison): {"tokens": ..., "token_params": ... or None
     where a record has no parameter count}."""
-    from climb.stages.summary import compute_account
+    from climb.stages.search.summary import compute_account
     by = compute_account(paths)["by_purpose"]
     parts = [by[p] for p in SEARCH_PURPOSES if p in by]
     if not parts:

@@ -6,7 +6,7 @@
     pipeline.run_stage("cluster", cfg, "runs/demo")
 
 Before the first stage, the inputs climb builds itself are built: with
-`corpus.build = "demo"`, the demo corpus under `<run>/data` (climb.stages.demo).
+`corpus.build = "demo"`, the demo corpus under `<run>/data` (climb.stages.embed.demo).
 
 Both hold the run folder's lock (climb.runtime.runlock) while they run: a second
 process on the same folder is refused with a message naming the first. The run
@@ -29,11 +29,12 @@ from climb.config import OPTIONAL, STAGES, RunConfig, load_config
 from climb.config.checks import check_run_dir
 from climb.runtime import preflight, track
 from climb.runtime.runlock import hold
-from climb.runtime.stage import RunPaths
-from climb.stages import cluster, demo, embed, export, report, search, tokenization, validate
+from climb.runtime.layout import RunPaths
+from climb.stages import cluster, embed, export, report, search, tokenize, validate
+from climb.stages.embed import demo
 
 log = logging.getLogger(__name__)
-_RUN = {"embed": embed.run, "cluster": cluster.run, "tokenize": tokenization.run, "search": search.run,
+_RUN = {"embed": embed.run, "cluster": cluster.run, "tokenize": tokenize.run, "search": search.run,
         "validate": validate.run, "export": export.run, "report": report.run}
 
 

@@ -37,7 +37,7 @@ def prepare(tmp_path: Path, monkeypatch, *extra: str, docs: list[dict] | None = 
     import climb.stages.embed
     from climb import pipeline
     from climb.config import load_config, to_toml
-    from climb.runtime.stage import RunPaths
+    from climb.runtime.layout import RunPaths
     write_parquet_shards(tmp_path / "corpus", docs or vocab_docs(40), 2)
     control = tmp_path / "control.json"
     target = tmp_path / "scripted_target.jsonl"  # the scripted trainer never reads it; preflight checks it exists

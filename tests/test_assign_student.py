@@ -1,10 +1,10 @@
-"""climb/stages/assign_student.py: the TF-IDF student that places documents in the teacher's clusters."""
+"""climb/stages/embed/student.py: the TF-IDF student that places documents in the teacher's clusters."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from climb.stages.assign_student import fit_student, predict
+from climb.stages.embed.student import fit_student, predict
 
 TOPICS = {0: "goal match league striker keeper penalty season coach",
           1: "chip phone software network broadband laptop screen battery",

@@ -15,7 +15,7 @@ import zstandard
 from climb.config import ClusterConfig, CorpusConfig, RunConfig
 from climb.io.files import InputError, read_documents, resolve_corpus_files
 from climb.io.mixture import check_weights
-from climb.runtime.stage import RunPaths
+from climb.runtime.layout import RunPaths
 
 
 def _cfg(pattern, k: int = 3, **corpus) -> RunConfig:

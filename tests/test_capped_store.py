@@ -175,7 +175,7 @@ def test_apportion_is_a_prefix_of_one_order_and_keeps_the_shares():
 
 def test_the_natural_mixture_and_weight_checks_use_the_full_counts(stores):
     from climb.config import RunConfig
-    from climb.stages.search_common import mixture_space
+    from climb.stages.search.common import mixture_space
     cfg = RunConfig()
     full, capped = stores[0], stores[R]
     assert np.array_equal(capped.token_shares(), full.token_shares())
@@ -251,14 +251,14 @@ def test_an_index_from_before_caps_reads_as_uncapped(stores, tmp_path):
 def test_the_cap_is_part_of_the_tokenize_key(monkeypatch, tmp_path):
     from climb.config import load_config
     from climb.config.checks import token_cap
-    from climb.runtime.stage import RunPaths
-    from climb.stages import tokenization
-    monkeypatch.setattr(tokenization, "upstream_key", lambda paths, stage: "clusters")
+    from climb.runtime.layout import RunPaths
+    from climb.stages import tokenize
+    monkeypatch.setattr(tokenize, "upstream_key", lambda paths, stage: "clusters")
     paths = RunPaths(tmp_path / "run")
 
     def key(*sets):
         cfg = load_config(None, ["proxy.steps=10", "proxy.batch_size=4", "proxy.seq_len=16", *sets])
-        return tokenization.key(cfg, paths), token_cap(cfg)
+        return tokenize.key(cfg, paths), token_cap(cfg)
     auto, cap = key()
     assert cap == 10 * 4 * 17
     assert key(f"tokenize.cap={cap}") == (auto, cap)  # the same cap, however it is given
@@ -271,7 +271,7 @@ def test_the_cap_is_part_of_the_tokenize_key(monkeypatch, tmp_path):
     # no cap keys as before caps existed: older run folders keep their store
     cfg = load_config(None, ["proxy.steps=10", "proxy.batch_size=4", "proxy.seq_len=16"])
     from climb.config import digest
-    assert none == digest("clusters", *tokenization._settings(cfg, None)[:4])
+    assert none == digest("clusters", *tokenize._settings(cfg, None)[:4])
 
 
 def test_a_change_of_cap_tokenizes_again(tmp_path, monkeypatch):
@@ -279,7 +279,7 @@ def test_a_change_of_cap_tokenizes_again(tmp_path, monkeypatch):
 
     from climb import pipeline
     from climb.config import TokenizeConfig
-    from climb.stages.tokenization import cluster_tokens
+    from climb.stages.tokenize import cluster_tokens
     from scripted_run import prepare
     cfg, paths, _, _ = prepare(tmp_path, monkeypatch, "proxy.steps=2", "proxy.batch_size=4")
     cap = 2 * 4 * 17
@@ -297,7 +297,7 @@ def test_a_change_of_cap_tokenizes_again(tmp_path, monkeypatch):
 
 
 def test_the_contamination_scan_of_a_capped_store_names_the_documents_of_the_whole(tmp_path):
-    from climb.stages.contamination import ngram_hashes, scan_store
+    from climb.stages.tokenize.contamination import ngram_hashes, scan_store
     corpus = _corpus()
     planted = list(range(60001, 60014))
     where = {}  # shard -> the row planted: s1's and s2's first document of cluster 0, and s0's last
@@ -328,8 +328,8 @@ def test_proxies_experts_and_the_validation_model_read_their_own_caps(stores, tm
     from climb.config import load_config
     from climb.config.checks import validation_model
     from climb.runtime.proxy_runs import _sampler
-    from climb.runtime.stage import RunPaths
-    from climb.stages.search_common import proxy_task
+    from climb.runtime.layout import RunPaths
+    from climb.stages.search.common import proxy_task
     cfg = load_config(None, [f"proxy.steps={STEPS}", f"proxy.batch_size={BATCH}", f"proxy.seq_len={SEQ}"])
     paths = RunPaths(tmp_path / "run")
     task = proxy_task(cfg, paths, "m", 0, MIXTURES[0], 0)

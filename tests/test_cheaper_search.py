@@ -18,8 +18,9 @@ from climb.optimize.experts import ExpertFeature, ExpertPrior, ensemble_bpb, ens
 from climb.optimize.halving import continue_set, curve_shift, predicted_final
 from climb.optimize.predictor import make_predictor
 from climb.runtime import proxy_runs
-from climb.stages import search, search_cheap, tokenization
-from climb.stages.summary import compute_account
+from climb.stages import search, tokenize
+from climb.stages.search import cheap as search_cheap
+from climb.stages.search.summary import compute_account
 from scripted_run import prepare
 
 
@@ -193,7 +194,7 @@ def _halving_search(tmp_path, monkeypatch):
                               search=dataclasses.replace(cfg.search, halving=(0.25, 0.25)))
     calls: list = []
     monkeypatch.setattr(proxy_runs, "_builtin", _scripted(calls))
-    tokenization.run(cfg, paths)
+    tokenize.run(cfg, paths)
     search.run(cfg, paths)
     return cfg, paths, calls
 
@@ -273,7 +274,7 @@ def test_a_cheaper_search_runs_end_to_end_on_the_builtin_trainer(tmp_path, monke
         cfg = dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, tasks={"t": str(task)},
                                                                   objective=("bpb", "t/gold_loss_per_byte")))
     cfg = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, **setting))
-    tokenization.run(cfg, paths)
+    tokenize.run(cfg, paths)
     stats = search.run(cfg, paths)
     recs = search.read_results(paths)
     assert len(recs) == 10 and all(r["status"] == "ok" for r in recs)

@@ -1,4 +1,4 @@
-"""climb.stages.kmeans and the cluster stage, end to end on fake (hashed bag-of-words) embeddings."""
+"""climb.stages.cluster.kmeans and the cluster stage, end to end on fake (hashed bag-of-words) embeddings."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,8 +12,8 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from climb.config import ClusterConfig, CorpusConfig, RunConfig
-from climb.stages.kmeans import assign, train_kmeans
-from climb.runtime.stage import RunPaths
+from climb.stages.cluster.kmeans import assign, train_kmeans
+from climb.runtime.layout import RunPaths
 
 SHARDS = 3
 PER_VOCAB = 100
@@ -370,7 +370,7 @@ def test_assign_is_exact_at_near_ties_and_the_same_whatever_the_threads():
     centroids, and the same labels and distances with 1 or 2 FAISS threads."""
     import faiss
 
-    from climb.stages.kmeans import assign
+    from climb.stages.cluster.kmeans import assign
     rng = np.random.default_rng(0)
     d, k = 64, 32
     cents = rng.standard_normal((k, d)).astype(np.float32)

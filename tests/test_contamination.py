@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from climb import pipeline
-from climb.stages.contamination import contaminated_docs, ngram_hashes, warning
+from climb.stages.tokenize.contamination import contaminated_docs, ngram_hashes, warning
 from conftest import vocab_docs
 from scripted_run import prepare
 

@@ -99,10 +99,10 @@ def test_a_corpus_downloaded_again_with_the_same_bytes_redoes_nothing(finished):
 
 
 def test_an_older_run_folder_upgrades_once_with_one_line(finished, caplog):
-    from climb.stages import cluster, export, search, tokenization
+    from climb.stages import cluster, export, search, tokenize
     cfg, paths, _ = finished
     legacy = {"embed": lambda: embed.key(cfg, paths, legacy=True), "cluster": lambda: cluster.key(cfg, paths),
-              "tokenize": lambda: tokenization.key(cfg, paths, legacy=True),
+              "tokenize": lambda: tokenize.key(cfg, paths, legacy=True),
               "search": lambda: search.key(cfg, paths, legacy=True), "export": lambda: export.key(cfg, paths)}
     for s in STAGES:  # the manifests as an older climb wrote them: keys by path and time, outputs by time
         m = json.loads(paths.manifest(s).read_text())

@@ -10,8 +10,8 @@ import pytest
 
 from climb import pipeline
 from climb.runtime import proxy_runs
-from climb.stages import search, tokenization
-from climb.stages.summary import compute_account
+from climb.stages import search, tokenize
+from climb.stages.search.summary import compute_account
 from proxies.train import curve_steps, loss_curve
 from scripted_run import prepare
 
@@ -26,7 +26,7 @@ def test_curve_steps_and_interval_means():
 
 
 def _builtin(cfg, paths, **proxy):
-    tokenization.run(cfg, paths)
+    tokenize.run(cfg, paths)
     pc = dataclasses.replace(cfg.proxy, command="", n_layer=1, n_embd=32, steps=24, batch_size=4,
                              warmup_steps=2, device="cpu", **proxy)
     shard = sorted(cfg.corpus.paths)[0].replace("*.parquet", "part-00000.parquet")

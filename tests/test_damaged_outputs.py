@@ -15,12 +15,12 @@ import os
 import numpy as np
 import pytest
 
-from climb.stages import cluster, tokenization
+from climb.stages import cluster, tokenize
 
 from climb import pipeline
 from climb.config import load_config
 from climb.io.files import InputError
-from climb.runtime.stage import RunPaths
+from climb.runtime.layout import RunPaths
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_deleted_assignment_file_runs_cluster_again(clustered):
     good = assign.read_bytes()
     assign.unlink()
     with pytest.raises(InputError, match=rf"{assign} is missing since `climb cluster` wrote it.*run `climb cluster`"):
-        tokenization.run(cfg, paths)
+        tokenize.run(cfg, paths)
     pipeline.run_stage("cluster", cfg, paths.root)
     assert assign.read_bytes() == good
     manifest = json.loads(paths.manifest("cluster").read_text())
@@ -122,7 +122,7 @@ def test_damaged_merged_store_after_its_parts_were_dropped_is_tokenized_again(cl
     stage tokenize the shards again and merge the same bytes."""
     from proxies.tokens import drop_merged_parts
     cfg, paths = clustered
-    tokenization.run(cfg, paths)
+    tokenize.run(cfg, paths)
     store = paths.tokenize.store
     assert not list((store / "parts").glob("*/cluster_*.bin"))
     merged = {f.name: f.read_bytes() for f in store.glob("cluster_*.bin")}
@@ -130,7 +130,7 @@ def test_damaged_merged_store_after_its_parts_were_dropped_is_tokenized_again(cl
     _cut_in_half(victim)
     with pytest.raises(RuntimeError, match="not complete"):
         drop_merged_parts(store, ["part-00000"])  # nothing is dropped while the store is damaged
-    tokenization.run(cfg, paths)
+    tokenize.run(cfg, paths)
     assert {f.name: f.read_bytes() for f in store.glob("cluster_*.bin")} == merged
     assert not list((store / "parts").glob("*/cluster_*.bin"))
     assert all((store / "parts" / s / "doc_tokens.npy").exists() for s in ("part-00000", "part-00001"))

@@ -47,7 +47,7 @@ from climb.stages import search
 from climb.config import ConfigError, load_config
 from climb.runtime.executor import DaskExecutor, LocalExecutor
 from climb.runtime.proxy_runs import train_and_score
-from climb.runtime.stage import RunPaths
+from climb.runtime.layout import RunPaths
 
 from conftest import vocab_docs, write_parquet_shards
 

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from climb import pipeline
-from climb.stages.dedup import exact_firsts, near_groups, normalise, text_hash
+from climb.stages.cluster.dedup import exact_firsts, near_groups, normalise, text_hash
 from scripted_run import prepare
 
 
@@ -106,7 +106,7 @@ def test_dropped_duplicates_leave_the_store_and_the_export(run):
     assert exported and not exported & dups
     tstats = paths.stats("tokenize")
     assert sum(tstats["dropped_duplicate_tokens"]) > 0 and sum(tstats["duplicate_tokens"]) == 0
-    from climb.stages.summary import duplicates
+    from climb.stages.search.summary import duplicates
     d = duplicates(paths)
     assert d["dropped"] and d["total"]["tokens_before"] - d["total"]["tokens_after"] == sum(
         tstats["dropped_duplicate_tokens"])

@@ -1,4 +1,4 @@
-"""Dedup in bounded memory (climb.stages.dedup) finds what the whole-corpus algorithm found: on a
+"""Dedup in bounded memory (climb.stages.cluster.dedup) finds what the whole-corpus algorithm found: on a
 five-shard corpus with exact and near copies across shards (and some documents pruned), the
 assignment files' duplicate columns and the counts equal those of a reference kept here (the
 algorithm as it was: every id and array of the corpus at once, a flat index per fine cluster,
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from climb.stages import dedup
+from climb.stages.cluster import dedup
 from conftest import FakeModel, write_parquet_shards
 
 
@@ -101,7 +101,7 @@ def clustered(tmp_path_factory):
     import climb.stages.embed
     from climb import pipeline
     from climb.config import load_config
-    from climb.runtime.stage import RunPaths
+    from climb.runtime.layout import RunPaths
     root = tmp_path_factory.mktemp("dedup_bounded")
     write_parquet_shards(root / "corpus", _corpus(), 5)
     cfg = load_config(None, [f'corpus.paths=["{root}/corpus/*.parquet"]', "cluster.k=6", "cluster.niter=10",

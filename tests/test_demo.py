@@ -1,4 +1,4 @@
-"""climb.stages.demo: the embedded demo corpus (BBC News articles + Python standard-library chunks).
+"""climb.stages.embed.demo: the embedded demo corpus (BBC News articles + Python standard-library chunks).
 
 Builds the real corpus (about half a second) and checks the files, the held-out target
 and that a second build is identical."""
@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from climb.stages import demo
-from climb.runtime.stage import RunPaths
+from climb.stages.embed import demo
+from climb.runtime.layout import RunPaths
 
 BBC = {"business": 510, "entertainment": 386, "politics": 417, "sport": 511, "tech": 401}
 

@@ -9,7 +9,7 @@ import pytest
 
 from climb import pipeline
 from climb.config import load_config
-from climb.runtime.stage import RunPaths
+from climb.runtime.layout import RunPaths
 from climb.stages import embed
 from conftest import vocab_docs, write_parquet_shards
 

@@ -1,4 +1,4 @@
-"""climb.stages.embed_backend: embed.backend validation and resolution, and the OpenVINO path
+"""climb.stages.embed.backend: embed.backend validation and resolution, and the OpenVINO path
 against plain torch fp32 on the real default model (offline), its cache and its fallback."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import climb.stages.embed as embed
-from climb.stages import embed_backend
+from climb.stages.embed import backend as embed_backend
 from climb.config import ConfigError, EmbedConfig, load_config
 
 TEXTS = [

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from climb.config import EmbedConfig
-from climb.stages import embed, embed_static
+from climb.stages import embed
+from climb.stages.embed import static as embed_static
 
 TEXTS = ["The striker scored twice as the home side won the league match.",
          "The goalkeeper saved a penalty in the last minute of the cup final.",
@@ -97,7 +98,7 @@ def test_static_from_a_model_that_is_not_here_is_a_clear_error(offline):
 
 def test_the_embed_stage_runs_on_the_static_backend(offline, tmp_path, make_docs, write_shards):
     from climb.config import load_config
-    from climb.runtime.stage import RunPaths
+    from climb.runtime.layout import RunPaths
     docs = make_docs(40)
     write_shards(tmp_path / "corpus", docs, 2)
     cfg = load_config(None, [f'corpus.paths=["{tmp_path}/corpus/*.parquet"]', 'embed.backend="static"'])

@@ -1,11 +1,11 @@
-"""climb.stages.embed_tfidf: the TF-IDF student learns the teacher's vectors from words,
+"""climb.stages.embed.tfidf: the TF-IDF student learns the teacher's vectors from words,
 deterministically, and embeds the same after a save and a load."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from climb.stages import embed_tfidf
+from climb.stages.embed import tfidf as embed_tfidf
 
 
 def _corpus(n=300, seed=0):

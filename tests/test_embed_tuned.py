@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from climb.stages.embed_tuned import (
+from climb.stages.embed.tuned import (
     TunedEncoder,
     draw_sample,
     fit_linear,

@@ -12,8 +12,9 @@ import pytest
 
 from climb import pipeline
 from climb.config import load_config
-from climb.runtime.stage import RunPaths
-from climb.stages import embed, embed_tuned
+from climb.runtime.layout import RunPaths
+from climb.stages import embed
+from climb.stages.embed import tuned as embed_tuned
 from conftest import vocab_docs, write_parquet_shards
 
 

@@ -10,7 +10,7 @@ from huggingface_hub import DatasetCard
 
 from climb import pipeline
 from climb.stages import export
-from climb.stages.export_card import size_category
+from climb.stages.export.card import size_category
 from proxies.tokenizer import load_tokenizer
 from scripted_run import prepare
 

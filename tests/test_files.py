@@ -128,7 +128,7 @@ def test_jsonl_record_without_id_gets_row_id(tmp_path):
 
 def test_max_shards_through_config(tmp_path):
     from climb.config import CorpusConfig, RunConfig
-    from climb.runtime.stage import RunPaths
+    from climb.runtime.layout import RunPaths
     for i in range(4):
         _write(tmp_path / f"s{i}.jsonl")
     cfg = RunConfig(corpus=CorpusConfig(paths=(str(tmp_path / "*.jsonl"),), max_shards=3))

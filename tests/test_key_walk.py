@@ -28,11 +28,12 @@ import numpy as np
 import pytest
 
 from climb.config import RunConfig, digest, load_config
-from climb.runtime.stage import RunPaths, finish, state_file
-from climb.stages import cluster, embed, export, report, search, tokenization, validate
+from climb.runtime.stage import finish, state_file
+from climb.runtime.layout import RunPaths
+from climb.stages import cluster, embed, export, report, search, tokenize, validate
 
 STAGES = ("embed", "cluster", "tokenize", "search", "validate", "export")
-KEYS = {"embed": embed.key, "cluster": cluster.key, "tokenize": tokenization.key, "search": search.key,
+KEYS = {"embed": embed.key, "cluster": cluster.key, "tokenize": tokenize.key, "search": search.key,
         "validate": validate.key, "export": export.key}
 PROXY_READS = 2 * 4 * 17  # proxy.steps x batch_size x (seq_len + 1)
 VALIDATION_READS = 2 * PROXY_READS  # validate.tokens (2) times the steps
@@ -103,7 +104,7 @@ def keys_after_earlier_stages(cfg: RunConfig, paths: RunPaths, before: dict, tmp
     if got["tokenize"] == before["tokenize"]:
         return got, {}
     moved = copy_run(paths, tmp / f"copy-{len(list(tmp.iterdir()))}")
-    stats = tokenization.run(cfg, moved)
+    stats = tokenize.run(cfg, moved)
     return keys(cfg, moved), {"tokenize": stats, "search": search.run(cfg, moved), "paths": moved}
 
 
@@ -140,12 +141,12 @@ def finished(tmp_path_factory):
     finally:
         mp.undo()
     cluster.run(cfg, paths)
-    tokenization.run(cfg, paths)
+    tokenize.run(cfg, paths)
     search.run(cfg, paths)
     export.run(cfg, paths)
     report.run(cfg, paths)
     assert paths.stats("tokenize")["cap"] == PROXY_READS
-    assert max(tokenization.cluster_tokens(paths)) > VALIDATION_READS  # the cap cuts, for both sizes
+    assert max(tokenize.cluster_tokens(paths)) > VALIDATION_READS  # the cap cuts, for both sizes
     return cfg, paths, keys(cfg, paths)
 
 
@@ -227,7 +228,7 @@ def test_validation_after_a_run_without_it_trains_only_the_validation(finished, 
     stored = paths.stats("tokenize")["stored_tokens"]
     searched = {f.name: f.read_bytes() for f in paths.search.dir.iterdir() if f.is_file()}
     on = with_field(cfg, "validate", "enabled", True)
-    ran = {"embed": embed.run(on, paths), "cluster": cluster.run(on, paths), "tokenize": tokenization.run(on, paths),
+    ran = {"embed": embed.run(on, paths), "cluster": cluster.run(on, paths), "tokenize": tokenize.run(on, paths),
            "search": search.run(on, paths), "validate": validate.run(on, paths), "export": export.run(on, paths),
            "report": report.run(on, paths)}
     assert [s for s, st in ran.items() if not _skipped(st)] == ["tokenize", "validate", "report"]
@@ -238,21 +239,21 @@ def test_validation_after_a_run_without_it_trains_only_the_validation(finished, 
     assert {f.name: f.read_bytes() for f in paths.search.dir.iterdir() if f.is_file()} == searched
     # ... so a proxy trained on the grown store measures what the search measured
     from climb.runtime.proxy_runs import train_and_score
-    from climb.stages.search_common import proxy_task
+    from climb.stages.search.common import proxy_task
     rec = search.read_results(paths)[0]
     again = train_and_score(proxy_task(on, paths, rec["mixture_id"], rec["iteration"], rec["weights"], rec["seed"]))
     assert again["objective"] == rec["objective"]
     # the validation models trained: 2 mixtures (the found one and uniform) x 3 seeds
     assert ran["validate"]["trained"] == 6 and len(validate.read_results(paths)) == 6
     # the contamination scan of the grown store finds what the search's found: what the proxies read
-    from climb.stages.contamination import check
+    from climb.stages.tokenize.contamination import check
     scanned = paths.search.contamination.read_bytes()
     assert json.loads(scanned)["docs"] > 0
     check(on, paths)
     assert paths.search.contamination.read_bytes() == scanned
     # a run without validation afterwards keeps the store sized for the validation model, and the
     # report keeps its validation
-    again = {"tokenize": tokenization.run(cfg, paths), "search": search.run(cfg, paths),
+    again = {"tokenize": tokenize.run(cfg, paths), "search": search.run(cfg, paths),
              "export": export.run(cfg, paths), "report": report.run(cfg, paths)}
     assert all(_skipped(st) for st in again.values()), again
     assert validate.key(cfg, paths) == json.loads(paths.manifest("validate").read_text())["key"]
@@ -272,7 +273,7 @@ def test_an_older_run_folder_is_upgraded_without_redoing_a_stage(finished, tmp_p
     paths.manifest("tokenize").write_text(json.dumps(m))
     state = state_file(paths.tokenize.dir)
     old_resume = digest(json.loads(paths.manifest("cluster").read_text())["resume"],
-                        *tokenization._settings(cfg, None))  # the parts keyed on the cap
+                        *tokenize._settings(cfg, None))  # the parts keyed on the cap
     state.write_text(json.dumps({**json.loads(state.read_text()), "resume": old_resume}))
     for s, key in (("search", search.key), ("export", export.key)):
         m = json.loads(paths.manifest(s).read_text())
@@ -289,7 +290,7 @@ def test_an_older_run_folder_is_upgraded_without_redoing_a_stage(finished, tmp_p
     assert [r for r in caplog.records if "upgraded this run folder's manifests" in r.getMessage()]
     tokenizer = paths.tokenize.tokenizer.stat().st_mtime_ns
     on = with_field(cfg, "validate", "enabled", True)
-    grown = tokenization.run(on, paths)
+    grown = tokenize.run(on, paths)
     assert not _skipped(grown) and grown["cap"] == VALIDATION_READS
     assert paths.tokenize.tokenizer.stat().st_mtime_ns == tokenizer  # resumed, not made anew
     assert json.loads(paths.manifest("tokenize").read_text())["hash"] == passed  # what it passed on before

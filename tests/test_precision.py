@@ -38,12 +38,12 @@ def test_the_embed_key_holds_the_precision_used(monkeypatch, tmp_path):
 
 def test_proxy_records_say_where_they_trained_and_a_mix_is_a_warning(tmp_path, monkeypatch):
     from climb.runtime import proxy_runs
-    from climb.stages import search, tokenization
+    from climb.stages import search, tokenize
     from scripted_run import prepare
     from test_cheaper_search import _builtin_cfg
     cfg, paths, _, _ = prepare(tmp_path, monkeypatch, "search.iterations=[4, 2]", "executor.processes=1")
     cfg = _builtin_cfg(cfg, tmp_path)
-    tokenization.run(cfg, paths)
+    tokenize.run(cfg, paths)
     search.run(cfg, paths)
     recs = search.read_results(paths)
     assert all(r["device"] == "cpu" and r["precision"] == "fp32" for r in recs)  # 32 wide: fp32 on any CPU

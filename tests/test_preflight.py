@@ -22,7 +22,7 @@ from climb.cli import main
 from climb.config import STAGES, load_config
 from climb.io.errors import InputError
 from climb.runtime import preflight
-from climb.runtime.stage import RunPaths
+from climb.runtime.layout import RunPaths
 from scripted_run import prepare
 
 DOCS = 100_000
@@ -211,9 +211,9 @@ def _store(root: Path, tokens: list[int]) -> RunPaths:
 
 @pytest.mark.parametrize("budget, cap", [(8_800, 4.0), (8_801, 4.0), (0, 0.5), (0, 1.0), (2_000, 1.0), (2_600, 1.0)])
 def test_the_budget_check_refuses_what_the_search_cannot_sample(tmp_path, budget, cap):
-    """Exactly the budgets for which the search's caps leave no mixture (climb.stages.search_common)."""
+    """Exactly the budgets for which the search's caps leave no mixture (climb.stages.search.common)."""
     from climb.optimize.candidates import sample_candidates
-    from climb.stages.search_common import mixture_space
+    from climb.stages.search.common import mixture_space
     tokens = [1_000, 1_200, 50, 50]  # the last two hold less than one proxy sequence (seq_len 128)
     paths = _store(tmp_path, tokens)
     cfg = load_config(None, [f"export.token_budget={budget}", f"search.epoch_cap={cap}"])

@@ -28,7 +28,7 @@ from climb import pipeline
 
 from climb.runtime import proxy_runs
 
-from climb.stages import search, tokenization
+from climb.stages import search, tokenize
 from climb.cli import main
 from climb.runtime.runlock import INFO_NAME
 from scripted_run import alive, cli, notes, prepare, script
@@ -94,7 +94,7 @@ def test_interrupt_kills_the_trainer_group(tmp_path, monkeypatch):
 
 
 def _builtin_tasks(cfg, paths, n: int, timeout_s: float):
-    tokenization.run(cfg, paths)
+    tokenize.run(cfg, paths)
     pc = dataclasses.replace(cfg.proxy, command="", n_layer=1, n_embd=32, steps=50_000, batch_size=4,
                              warmup_steps=2, device="cpu", timeout_s=timeout_s, swarm="stacked")
     k = len(json.loads((paths.tokenize.store / "index.json").read_text())["tokens"])

@@ -7,7 +7,7 @@ import pytest
 
 from climb.runtime import proxy_runs
 
-from climb.stages import search_common
+from climb.stages.search import common as search_common
 from climb.config import ProxyConfig, load_config
 
 

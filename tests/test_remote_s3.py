@@ -32,7 +32,7 @@ from climb import pipeline
 from climb.cli import main
 from climb.config import load_config, to_toml
 from climb.io.files import InputError
-from climb.runtime.stage import RunPaths
+from climb.runtime.layout import RunPaths
 from conftest import FakeModel, vocab_docs, write_parquet_shards
 from stores import s3, s3_server, upload, use_s3  # noqa: F401 - fixtures
 

@@ -8,7 +8,7 @@ import pytest
 
 from climb.stages import embed
 from climb.config import load_config
-from climb.runtime.stage import RunPaths
+from climb.runtime.layout import RunPaths
 
 
 def _cfg(tmp_path):
@@ -48,14 +48,14 @@ def test_killed_tokenize_resumes_at_the_shard_in_flight(tmp_path, fake_model, ma
     """A kill during shard 1 of 3: shard 0 is kept as it is, shard 1 (cut short) and 2 are
     tokenized, and the merged store is the undisturbed one byte for byte. Once merged, the
     parts' token files are gone and their document counts stay."""
-    from climb.stages import cluster, tokenization
+    from climb.stages import cluster, tokenize
     write_shards(tmp_path / "corpus", make_docs(30), 3)
     cfg = load_config(None, [f'corpus.paths=["{tmp_path}/corpus/*.parquet"]', "cluster.k=4", "cluster.niter=10",
                              "proxy.vocab_size=320", "proxy.tokenizer_docs=100"])
     paths = RunPaths(tmp_path / "run")
     embed.run(cfg, paths)
     cluster.run(cfg, paths)
-    tokenization.run(cfg, paths)
+    tokenize.run(cfg, paths)
     store = paths.tokenize.store
     merged = {f.name: f.read_bytes() for f in store.iterdir() if f.is_file()}
     parts = store / "parts"
@@ -73,7 +73,7 @@ def test_killed_tokenize_resumes_at_the_shard_in_flight(tmp_path, fake_model, ma
     with monkeypatch.context() as m:
         m.setattr("proxies.tokens.merge_token_stores", killed)
         with pytest.raises(KeyboardInterrupt):
-            tokenization.run(cfg, paths)
+            tokenize.run(cfg, paths)
     assert len(list(parts.glob("*/cluster_*.bin"))) > 3  # dropped parts were tokenized again
     kept = {f.name: f.stat().st_mtime_ns for f in (parts / "part-00000").iterdir()}
     (parts / "part-00001" / "done.json").unlink()
@@ -83,7 +83,7 @@ def test_killed_tokenize_resumes_at_the_shard_in_flight(tmp_path, fake_model, ma
         f.unlink()
     (parts / "part-00002").rmdir()
 
-    tokenization.run(cfg, paths)
+    tokenize.run(cfg, paths)
     after = {f.name: f.stat().st_mtime_ns for f in (parts / "part-00000").iterdir()}
     assert after == {n: t for n, t in kept.items() if not n.startswith("cluster_")}  # not tokenized again
     assert (parts / "part-00001" / "done.json").exists() and (parts / "part-00002" / "done.json").exists()
@@ -93,7 +93,8 @@ def test_killed_tokenize_resumes_at_the_shard_in_flight(tmp_path, fake_model, ma
 
 def test_a_stage_folder_from_before_the_state_file_was_renamed_resumes(tmp_path):
     """Run folders written when the state file was `state.json` keep their partial outputs."""
-    from climb.runtime.stage import RunPaths, begin
+    from climb.runtime.stage import begin
+    from climb.runtime.layout import RunPaths
     paths = RunPaths(tmp_path / "run")
     d = paths.stage("tokenize")
     d.mkdir(parents=True, exist_ok=True)

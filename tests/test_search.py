@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from climb.stages import cluster, embed, search, tokenization
+from climb.stages import cluster, embed, search, tokenize
 from climb.config import load_config
-from climb.runtime.stage import RunPaths
+from climb.runtime.layout import RunPaths
 
 HELPER = Path(__file__).parent / "helpers" / "quadratic_proxy.py"
 
@@ -42,7 +42,7 @@ def clustered(tmp_path, fake_model, make_docs, write_shards):
         paths = RunPaths(tmp_path / run)
         embed.run(cfg, paths)
         cluster.run(cfg, paths)
-        tokenization.run(cfg, paths)
+        tokenize.run(cfg, paths)
         return cfg, paths
     return make
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from climb.config import load_config
-from climb.runtime.stage import RunPaths
-from climb.stages import cluster, embed, search, tokenization
+from climb.runtime.layout import RunPaths
+from climb.stages import cluster, embed, search, tokenize
 
 HELPER = Path(__file__).parent / "helpers" / "quadratic_proxy.py"
 ITERATIONS = (4, 4, 4)
@@ -70,7 +70,7 @@ def finished(tmp_path_factory):
     finally:
         mp.undo()
     cluster.run(cfg, paths)
-    tokenization.run(cfg, paths)
+    tokenize.run(cfg, paths)
     search.run(cfg, paths)
     return cfg, paths, outputs(paths)
 
@@ -183,10 +183,10 @@ def test_a_replayed_final_rule_picks_what_a_search_run_with_it_does(finished, tm
 
     import numpy as np
 
-    from climb.stages.search_common import final_mixture, mixture_space
+    from climb.stages.search.common import final_mixture, mixture_space
     cfg, ref, want = finished
     other = replace(cfg, search=replace(cfg.search, final="predicted", final_top_k=16))
-    space = mixture_space(other, tokenization.cluster_tokens(ref))
+    space = mixture_space(other, tokenize.cluster_tokens(ref))
     replayed = final_mixture(other, space, search.read_results(ref))
     paths = RunPaths(tmp_path / "run")
     shutil.copytree(ref.root, paths.root)

@@ -10,10 +10,12 @@ import pytest
 
 from climb.config import ConfigError, load_config
 from climb.runtime import proxy_runs
-from climb.stages import search, search_cheap, search_common, tokenization
-from climb.stages.search_common import mixture_space
-from climb.stages.summary import compute_account
-from climb.stages.tokenization import cluster_tokens
+from climb.stages import search, tokenize
+from climb.stages.search import cheap as search_cheap
+from climb.stages.search import common as search_common
+from climb.stages.search.common import mixture_space
+from climb.stages.search.summary import compute_account
+from climb.stages.tokenize import cluster_tokens
 from scripted_run import prepare
 from test_cheaper_search import _builtin_cfg
 
@@ -25,7 +27,7 @@ def _cfg(tmp_path, monkeypatch, **search_settings):
                                "search.replicate_seeds=1", "executor.processes=1")
     cfg = _builtin_cfg(cfg, tmp_path)
     cfg = dataclasses.replace(cfg, search=dataclasses.replace(cfg.search, base=BASE, **search_settings))
-    tokenization.run(cfg, paths)
+    tokenize.run(cfg, paths)
     return cfg, paths
 
 
@@ -180,7 +182,7 @@ def test_stacked_proxies_continue_the_base_as_one_by_one_do(tmp_path, monkeypatc
     other = tmp_path / "stacked"
     import shutil
     shutil.copytree(paths.root, other, copy_function=shutil.copy2, ignore=shutil.ignore_patterns("search"))
-    from climb.runtime.stage import RunPaths
+    from climb.runtime.layout import RunPaths
     opaths = RunPaths(other)
     search.run(stacked_cfg, opaths)
     stacked = {r["mixture_id"]: r for r in search.read_results(opaths)}

@@ -67,7 +67,7 @@ RSS_SLACK = 32 << 20
 # shard's embeddings would add (12 x SHARD_DOCS x 64 float32: 2.3 MB).
 TRACED_SLACK = 256 << 10
 ARROW_SLACK = 256 << 10
-# climb.stages.dedup's passes, in documents (production: 2^20, 2^21 and 2^20 documents, blocks of
+# climb.stages.cluster.dedup's passes, in documents (production: 2^20, 2^21 and 2^20 documents, blocks of
 # 8,192 embeddings), here smaller than either corpus, so that what the traced peak sees of dedup
 # is what it holds for the whole corpus (each document's fine cluster, each duplicate's rows: ~3
 # bytes a document here) and one fine cluster's search, not a pass's temporaries. Before dedup
@@ -85,19 +85,20 @@ args = json.loads(sys.argv[1])
 sys.path[:0] = [args["repo"], args["tests"]]
 import pyarrow as pa
 from climb.config import digest, load_config
-from climb.runtime.stage import RunPaths, execute
+from climb.runtime.stage import execute
+from climb.runtime.layout import RunPaths
 import climb.io.digests
 stage = args["stage"]
-module = importlib.import_module("climb.stages." + {"tokenize": "tokenization"}.get(stage, stage))
+module = importlib.import_module("climb.stages." + stage)
 climb.io.digests.CHUNK = 64 << 10  # production's 8 MiB: one 8 MiB bytes object per file hashed
 paths = RunPaths(Path(args["run"]).resolve())
 if stage == "embed":
     from conftest import FakeModel
     module.load_model = lambda cfg, student="": FakeModel()
 if stage == "cluster":
-    import climb.stages.dedup
+    import climb.stages.cluster.dedup
     for name, value in args["dedup_passes"].items():
-        setattr(climb.stages.dedup, name, value)
+        setattr(climb.stages.cluster.dedup, name, value)
     # The top terms' sample: 20,000 documents (so every document, at test sizes); here fewer.
     cap = args["top_terms_docs"] / paths.stats("embed")["docs"]
     summarise = module.finalise_shard
@@ -108,7 +109,7 @@ if stage == "cluster":
 if stage == "export" and not paths.manifest("search").exists():
     # The search's contract, without a search: the natural mixture (the clusters' token shares).
     from climb.io.files import write_json
-    from climb.stages.tokenization import cluster_tokens
+    from climb.stages.tokenize import cluster_tokens
     tokens = cluster_tokens(paths)
     weights = (tokens / tokens.sum()).tolist()
 

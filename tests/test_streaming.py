@@ -17,7 +17,7 @@ SCRIPT = """
 import resource, sys
 import numpy as np
 sys.path.insert(0, {repo!r})
-from climb.runtime.stage import RunPaths
+from climb.runtime.layout import RunPaths
 from climb.stages.cluster import _sample
 from pathlib import Path
 paths = RunPaths(Path({run!r}))
@@ -30,7 +30,7 @@ print(sample.shape[0], round(grew, 1))
 
 
 def _peak_growth(tmp_path: Path, shards: int) -> float:
-    from climb.runtime.stage import RunPaths
+    from climb.runtime.layout import RunPaths
     import numpy as np
     run = tmp_path / f"run{shards}"
     paths = RunPaths(run)

@@ -1,7 +1,7 @@
 """Tokenising many shards in child processes replaced every few shards.
 
 The BPE encoder keeps native memory for each shard it encodes, for the life of its
-process, so a local run past tokenization.FRESH_EVERY shards tokenises them in a
+process, so a local run past tokenize.FRESH_EVERY shards tokenises them in a
 child replaced every FRESH_EVERY shards (climb.runtime.workers.fresh_map). The parts
 and the merged store must be what tokenising in the stage's own process writes.
 
@@ -18,7 +18,7 @@ import pytest
 
 from climb.runtime.executor import LocalExecutor
 from climb.runtime.workers import fresh_map
-from climb.stages import tokenization
+from climb.stages import tokenize
 
 from test_damaged_outputs import clustered  # noqa: F401  (the same clustered two-shard run)
 
@@ -48,13 +48,13 @@ def _store_files(paths) -> dict:
 
 def test_tokenizing_in_replaced_children_writes_the_store_the_stage_writes_in_process(clustered, monkeypatch):
     cfg, paths = clustered
-    in_process = tokenization.run(cfg, paths)
+    in_process = tokenize.run(cfg, paths)
     want = _store_files(paths)
     assert any(k.startswith("cluster_") for k in want) and "parts/part-00001/done.json" in want
     shutil.rmtree(paths.tokenize.dir)
 
-    monkeypatch.setattr(tokenization, "FRESH_EVERY", 1)  # two shards: two children, one shard each
-    in_children = tokenization.run(cfg, paths)
+    monkeypatch.setattr(tokenize, "FRESH_EVERY", 1)  # two shards: two children, one shard each
+    in_children = tokenize.run(cfg, paths)
     assert {k: v for k, v in in_children.items() if k != "seconds"} == {
         k: v for k, v in in_process.items() if k != "seconds"}
     assert _store_files(paths) == want

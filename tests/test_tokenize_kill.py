@@ -18,8 +18,8 @@ import pytest
 
 import proxies.tokens
 from climb.io.files import read_json
-from climb.runtime.stage import RunPaths
-from climb.stages import tokenization
+from climb.runtime.layout import RunPaths
+from climb.stages import tokenize
 
 
 class Killed(BaseException):
@@ -37,7 +37,7 @@ def _records(paths: RunPaths) -> dict:
 
 def test_a_kill_between_the_parts_writer_and_its_task_redoes_that_part_only(clustered, monkeypatch):
     cfg, paths = clustered
-    undisturbed = tokenization.run(cfg, paths)
+    undisturbed = tokenize.run(cfg, paths)
     want = _records(paths)
     assert "source" in want["parts/part-00001/done.json"]
     shutil.rmtree(paths.tokenize.dir)
@@ -51,11 +51,11 @@ def test_a_kill_between_the_parts_writer_and_its_task_redoes_that_part_only(clus
         return stats
     monkeypatch.setattr(proxies.tokens, "write_shard_tokens", write_then_die)
     with pytest.raises(Killed):
-        tokenization.run(cfg, paths)
+        tokenize.run(cfg, paths)
     assert "source" not in read_json(paths.tokenize.store / "parts" / "part-00001" / "done.json")
     monkeypatch.setattr(proxies.tokens, "write_shard_tokens", inner)
 
-    resumed = tokenization.run(cfg, paths)
+    resumed = tokenize.run(cfg, paths)
     assert resumed["tokenized_now"] == ["part-00001"]  # the part in flight, not the finished one
     assert _records(paths) == want
     assert resumed["duplicate_tokens"] == undisturbed["duplicate_tokens"]

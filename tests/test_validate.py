@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from climb.stages import cluster, embed, report, search, tokenization, validate
+from climb.stages import cluster, embed, report, search, tokenize, validate
 
 from climb import pipeline
 from climb.config import ConfigError, load_config
 from climb.optimize.quality import rank_transfer
-from climb.runtime.stage import RunPaths
+from climb.runtime.layout import RunPaths
 
 HELPERS = Path(__file__).parent / "helpers"
 BOWL = HELPERS / "quadratic_proxy.py"
@@ -46,7 +46,7 @@ def searched(tmp_path, fake_model, make_docs, write_shards):
         paths = RunPaths(tmp_path / "run")
         embed.run(cfg, paths)
         cluster.run(cfg, paths)
-        tokenization.run(cfg, paths)
+        tokenize.run(cfg, paths)
         search.run(cfg, paths)
         return cfg, paths
     return make

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from climb.stages.summary import mixture_lines, verdict
+from climb.stages.search.summary import mixture_lines, verdict
 
 HELPER = Path(__file__).parent / "helpers" / "uniform_best_proxy.py"
 

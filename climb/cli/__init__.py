@@ -177,7 +177,7 @@ def read_weights(arg: str, n_clusters: int | None) -> list:
 def _clusters_now(run_dir: Path) -> int | None:
     """How many clusters the run folder's cluster stage found (None: it has not run)."""
     from climb.io.files import read_json
-    from climb.runtime.stage import RunPaths
+    from climb.runtime.layout import RunPaths
     summary = RunPaths(run_dir).cluster.summary
     try:
         return int(read_json(summary)["n_clusters"]) if summary.is_file() else None
@@ -198,7 +198,7 @@ def _run_stage(args) -> int:
         if args.command == "run":
             pipeline.run_all(cfg, run_dir)
         elif weights is not None:
-            from climb.runtime.stage import RunPaths
+            from climb.runtime.layout import RunPaths
             from climb.stages import export
             pipeline.run_stage("search", cfg, run_dir)
             export.run(cfg, RunPaths(run_dir.resolve()), weights=weights)

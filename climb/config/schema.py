@@ -80,7 +80,7 @@ class EmbedConfig:
     # $HF_HOME/climb/static; tens of times faster on a CPU, less topically precise
     # (BENCHMARKS.md, "A static embedding"); the embeddings have 256 dimensions.
     # "tuned": that static embedding taught by `model` on `tune_sample` documents of the
-    # run's own corpus (climb/stages/embed_tuned.py; the teacher's pass over the sample and
+    # run's own corpus (climb/stages/embed/tuned.py; the teacher's pass over the sample and
     # the fit are counted in the stage's seconds), cached under $HF_HOME/climb/tuned and
     # kept in the run folder (BENCHMARKS.md, "A static embedding trained on the corpus").
     backend: str = "torch"
@@ -88,7 +88,7 @@ class EmbedConfig:
     tune_sample: int = 20_000
     # The "tuned" student: "tokens" (model2vec's token vectors trained on the teacher's),
     # "linear" (the static embedding ridge-mapped into the teacher's space) or "tfidf"
-    # (TF-IDF vectors ridge-mapped into the teacher's space, climb/stages/embed_tfidf.py;
+    # (TF-IDF vectors ridge-mapped into the teacher's space, climb/stages/embed/tfidf.py;
     # 384 dimensions; the one that passed its rule, and what "auto" uses). BENCHMARKS.md
     # measures each against the torch default. The default stays "tokens": a field at its
     # default enters no stage key (ADDED_FIELDS), so moving it would re-embed every run
@@ -142,7 +142,7 @@ def _shared(owner: type, name: str) -> Any:
 
 @dataclass(frozen=True)
 class DedupConfig:
-    # Duplicates, found after the clusters are (climb/stages/dedup.py): exact ones (a hash of
+    # Duplicates, found after the clusters are (climb/stages/cluster/dedup.py): exact ones (a hash of
     # the text lower-cased, its punctuation and spacing dropped) ...
     exact: bool = True
     # ... and near ones: within a fine k-means cluster, a document whose embedding has a
@@ -278,7 +278,7 @@ class TargetConfig:
     task_limit: int = 0
     # The target looked for in the corpus: a document sharing an n-gram of this many of the
     # proxies' tokens with the held-out texts or a task item's query and gold continuation
-    # is contaminated (climb/stages/contamination.py); the search reports them and warns when
+    # is contaminated (climb/stages/tokenize/contamination.py); the search reports them and warns when
     # its mixture leans on them. 0 = no check.
     contamination: int = 13
     # Take the contaminated documents out of the token store (so out of the search and the
@@ -386,7 +386,7 @@ class SearchConfig:
 class ValidateConfig:
     # Does the mixture transfer? A larger model is trained on the found mixture and
     # on the baselines with paired seeds, and on mixtures of the search spanning its
-    # range of proxy scores (climb/stages/validate.py). `climb validate` always runs it;
+    # range of proxy scores (climb/stages/validate/__init__.py). `climb validate` always runs it;
     # `climb run` only when enabled.
     enabled: bool = False
     # The larger model: the proxy's width (n_embd), depth (n_layer) and tokens
@@ -425,7 +425,7 @@ class ExportConfig:
     tokenizer: str = ""
     rows_per_shard: int = 50_000
     # The order a cluster's last, partial epoch takes documents in (a hash of the seed
-    # and each document's id: climb.stages.export_plan.doc_keys), and the rows' shuffle.
+    # and each document's id: climb.stages.export.plan.doc_keys), and the rows' shuffle.
     seed: int = 0
     # A document longer than what its cluster still needs: "truncate" cuts it to
     # fit (no cluster exceeds its share); "skip" passes it over for shorter ones

@@ -1,6 +1,6 @@
 """The search strategy as plain functions: what to measure next, and which mixture to pick.
 
-`climb search` (`climb/stages/search.py`) and the oracle benchmark
+`climb search` (`climb/stages/search/__init__.py`) and the oracle benchmark
 (`benchmarks/search_oracle.py`) both call `plan` for every iteration and
 `final_pick` at the end, so what the benchmark measures is what a search does.
 

@@ -249,7 +249,7 @@ def _csv_columns(path: str) -> set[str] | None:
 # ----------------------------------------------------------------- the budget
 def check_budget(cfg: RunConfig, paths) -> None:
     """export.token_budget must fit the corpus within search.epoch_cap: the search's caps on each
-    cluster (climb.stages.search_common.mixture_space) must leave room for one mixture."""
+    cluster (climb.stages.search.common.mixture_space) must leave room for one mixture."""
     import numpy as np
 
     from proxies.tokens import TokenStore

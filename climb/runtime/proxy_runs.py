@@ -80,7 +80,7 @@ class ProxyTask:
 
 def _resources(tokens_dir: Path):
     """The token store and tokenizer of a tokenize stage's folder, cached per process."""
-    from climb.runtime.stage import TokenizeOutputs
+    from climb.runtime.layout import TokenizeOutputs
     from proxies.tokenizer import load_tokenizer
     from proxies.tokens import TokenStore
     out = TokenizeOutputs(tokens_dir)

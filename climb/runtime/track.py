@@ -49,7 +49,7 @@ from typing import Any
 from climb.config import RunConfig, digest, to_dict
 from climb.io.files import read_json, write_json
 from climb.runtime.results import one_line, proxy_records
-from climb.runtime.stage import RunPaths
+from climb.runtime.layout import RunPaths
 
 log = logging.getLogger(__name__)
 # The stages that train proxies: the ones logged while they run.

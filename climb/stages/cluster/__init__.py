@@ -1,5 +1,10 @@
 """Stage 2, cluster: k-means on a sample, assign everything, prune, merge, summarise.
 
+Reads: `<run>/embed/` and the corpus (texts for top terms, exemplars and duplicates).
+Writes: `<run>/cluster/`: `centroids.npy`, `cluster_centroids.npy`, `clusters.json`,
+`fitted.json`, `fine/` and `assign/` per shard.
+Rooms: `kmeans` (FAISS / torch k-means and assignment), `dedup` (exact and near duplicates).
+
 1. Train k-means (FAISS; on GPU where faiss has one, else a torch path on CUDA,
    else FAISS on CPU) on `cluster.sample_size` embeddings drawn across shards.
 2. Assign every document to its nearest centroid, per shard (`fine/<shard>.parquet`).
@@ -34,10 +39,11 @@ import pyarrow.parquet as pq
 
 from climb.config import ClusterConfig, CorpusConfig, RunConfig, digest
 from climb.io.files import InputError, read_aligned, read_json, write_json, write_npy, write_parquet
-from climb.runtime.stage import RunPaths, execute, output_digest, upstream_key, upstream_resume
-from climb.stages.dedup import text_hash
+from climb.runtime.stage import execute, output_digest, upstream_key, upstream_resume
+from climb.runtime.layout import RunPaths
+from climb.stages.cluster.dedup import text_hash
 from climb.stages.embed import load_embeddings, load_ids
-from climb.stages.kmeans import assign, train_kmeans
+from climb.stages.cluster.kmeans import assign, train_kmeans
 
 log = logging.getLogger(__name__)
 # The k-means fit (its embeddings' digests and stats), written once the centroids are: a stage
@@ -176,7 +182,7 @@ class SummariseTask:
     # whose assignments and plan are unchanged is not summarised (nor its text read) again.
     cache: str = ""
     cache_key: str = ""
-    hashes: str = ""  # where each document's text hash goes (climb.stages.dedup.text_hash; 0: pruned)
+    hashes: str = ""  # where each document's text hash goes (climb.stages.cluster.dedup.text_hash; 0: pruned)
 
 
 def finalise_shard(task: SummariseTask) -> dict:
@@ -416,9 +422,9 @@ def _cluster(cfg: RunConfig, paths: RunPaths, ex) -> dict:
 
 
 def _dedup(cfg: RunConfig, paths: RunPaths, names: list[str], n_clusters: int) -> dict | None:
-    """Find the duplicates (climb.stages.dedup), mark them in the assignment files (and drop them
+    """Find the duplicates (climb.stages.cluster.dedup), mark them in the assignment files (and drop them
     from their clusters with dedup.drop); their counts per cluster (None: dedup off)."""
-    from climb.stages.dedup import dedup
+    from climb.stages.cluster.dedup import dedup
     d = cfg.dedup
     if not d.exact and not d.threshold:
         return None

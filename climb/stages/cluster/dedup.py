@@ -49,7 +49,7 @@ Built for 10^7 documents and more on one machine:
   (`cluster/near_kept/`, NearKept) until every shard is marked, so a stage killed in it
   (about 6 minutes at 10^7 documents) searches again only the fine cluster in flight.
 
-    from climb.stages.dedup import text_hash, near_groups
+    from climb.stages.cluster.dedup import text_hash, near_groups
 """
 from __future__ import annotations
 

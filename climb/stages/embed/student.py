@@ -13,7 +13,7 @@ The regularisation C is chosen by stratified 3-fold cross-validation on the samp
 (agreement with the teacher's clusters) among `CS`; everything is deterministic given
 the texts, the labels and the seed.
 
-    from climb.stages.assign_student import fit_student, predict
+    from climb.stages.embed.student import fit_student, predict
     student = fit_student(sample_texts, teacher_clusters)
     clusters = predict(student, other_texts)
 """

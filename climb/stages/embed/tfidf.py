@@ -9,13 +9,13 @@ all of them. Alpha is chosen by 3-fold cross-validation on the sample among `ALP
 scored by the mean cosine between the student's and the teacher's held-out vectors.
 Everything is deterministic given the texts, the teacher's vectors and the seed.
 
-    from climb.stages.embed_tfidf import fit_tfidf, TfidfEncoder
+    from climb.stages.embed.tfidf import fit_tfidf, TfidfEncoder
     student = fit_tfidf(sample_texts, teacher_vectors, window=256)
     vectors = TfidfEncoder(student, window=256).encode(texts)
     student_folder = save(student, folder); TfidfEncoder(load(folder), 256)
 
 In the embed stage it is `embed.backend = "tuned"` with `embed.student = "tfidf"`
-(climb/stages/embed_tuned.py makes it once a run; BENCHMARKS.md, "A TF-IDF student in
+(climb/stages/embed/tuned.py makes it once a run; BENCHMARKS.md, "A TF-IDF student in
 the teacher's space").
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ by the teacher (the transformer `embed.model` names, as the embed stage runs it)
 `draw_sample` picks the sample by a seeded hash of document ids: the same corpus
 gives the same sample whatever the order or number of its files.
 
-    from climb.stages.embed_tuned import fit_tuned, TunedEncoder
+    from climb.stages.embed.tuned import fit_tuned, TunedEncoder
     model = fit_tuned(static_model, texts, teacher_vectors, window=256)
     TunedEncoder(model, None, window=256).encode(texts)
 """
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from climb.stages.embed_static import StaticEncoder
+from climb.stages.embed.static import StaticEncoder
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def prepare(cfg, files, folder, teacher: Teacher) -> tuple[str, dict]:
     import time
     from pathlib import Path
 
-    from climb.stages.embed_backend import build_once, cache_root, cache_slug
+    from climb.stages.embed.backend import build_once, cache_root, cache_slug
     dest = Path(folder) / "student"
     if (dest / _DONE).exists():
         return str(dest), json.loads((dest / _DONE).read_text())
@@ -275,7 +275,7 @@ def write_student(folder, teacher: Teacher, ids, texts, extra: dict | None = Non
     t0 = time.time()
     linear, extra_info = None, {}
     if kind == "tfidf":
-        from climb.stages import embed_tfidf
+        from climb.stages.embed import tfidf as embed_tfidf
         student = embed_tfidf.fit_tfidf(texts, targets, window)
         embed_tfidf.save(student, folder / "tfidf")
         extra_info = {"ridge_alpha": student["alpha"], "cv_cosine": student["cv_cosine"],
@@ -305,7 +305,7 @@ def load_student(folder, window: int):
     from model2vec import StaticModel
     folder = Path(folder)
     if (folder / "tfidf").exists():
-        from climb.stages import embed_tfidf
+        from climb.stages.embed import tfidf as embed_tfidf
         return embed_tfidf.TfidfEncoder(embed_tfidf.load(folder / "tfidf"), window, "tuned")
     static = StaticModel.from_pretrained(str(folder / "static"))
     linear = None

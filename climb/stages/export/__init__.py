@@ -1,16 +1,22 @@
 """Stage 6, export: the optimised dataset as Parquet shards (and/or Megatron indexed datasets) plus
-blend files. The plan is climb/stages/export_plan.py, the destination climb/stages/export_publish.py,
-the Megatron writer climb/stages/export_megatron.py.
+
+Reads: `<run>/search/mixture.json` (or `--weights`), `<run>/cluster/assign/` and the corpus.
+Writes: `<run>/export/` (or `export.destination`): Parquet shards and/or Megatron indexed
+datasets, `megatron_blend.txt`, `interleave.json`, `mixture.json` and the dataset card.
+Rooms: `plan` (documents per cluster within the budget and epoch cap), `units` (the budget's
+token unit), `megatron` (indexed datasets), `publish` (the destination), `card` (the card).
+blend files. The plan is climb/stages/export/plan.py, the destination climb/stages/export/publish.py,
+the Megatron writer climb/stages/export/megatron.py.
 
 Documents are chosen per cluster in proportion to the final weights up to a
-token budget, counted in the unit `export.tokenizer` names (climb.stages.export_units:
+token budget, counted in the unit `export.tokenizer` names (climb.stages.export.units:
 by default the proxies' tokens, EOS included; or a trainer's tokenizer.json or
 installed model, or UTF-8 bytes; every document counts its true length): each
 cluster's documents are taken without replacement until the cluster runs dry,
 then again (epoch 2, 3, ...) up to `search.epoch_cap` epochs, the last, partial
 epoch in a seeded order (a hash of `export.seed` and each document's id), planned
 one corpus shard at a time in memory that does not grow with the corpus
-(climb.stages.export_plan). No cluster exceeds its
+(climb.stages.export.plan). No cluster exceeds its
 share, however long its documents: the document that would cross it is cut to
 fit (`export.long_docs = "truncate"`), or passed over for shorter ones
 ("skip"). A cluster whose share would need more than its cap, or that runs
@@ -23,13 +29,13 @@ Output, under `<run>/export/`, by `export.format` ("parquet", the default; "mega
 - `data/cluster_XXXXX/<shard>-<n>.parquet`: id, text, cluster, epoch (parquet), `<shard>` the
   corpus file's name (`part-00000-000.parquet` for the corpus's `part-00000.parquet`)
 - `megatron/cluster_XXXXX.{bin,idx}`: one Megatron indexed dataset per cluster, in the
-  trainer's token ids (megatron; climb.stages.export_megatron)
+  trainer's token ids (megatron; climb.stages.export.megatron)
 - `mixture.json`: weights per cluster, realised tokens, files
 - `megatron_blend.txt`: `w1 prefix1 w2 prefix2 ...` for Megatron-LM's `--data-path`,
   the weights realised in the trainer's tokens (megatron)
 - `interleave.json`: file lists, row probabilities that realise the token weights, and
   the stopping strategy that reads every row once, for `datasets.interleave_datasets` (parquet)
-- `README.md`: the dataset card (climb.stages.export_card), so that
+- `README.md`: the dataset card (climb.stages.export.card), so that
   `datasets.load_dataset(<folder>)` reads the data as it is, here or on the Hub
 - `counts/<key>/<shard>.npy`: each document's size in `export.tokenizer`'s unit, where
   that is not the proxies' tokenizer (counted once, one task per shard), and for Megatron
@@ -67,12 +73,15 @@ from climb.config import CorpusConfig, RunConfig, digest
 from climb.io.files import (InputError, is_url, join, read_aligned, read_json, strict_json, write_json, write_npy,
                             write_parquet, write_text)
 from climb.io.mixture import check_weights
-from climb.runtime.stage import RunPaths, execute, upstream_key
-from climb.stages import export_megatron, export_plan, export_units
-from climb.stages.export_plan import (  # noqa: F401
+from climb.runtime.stage import execute, upstream_key
+from climb.runtime.layout import RunPaths
+from climb.stages.export import megatron as export_megatron
+from climb.stages.export import plan as export_plan
+from climb.stages.export import units as export_units
+from climb.stages.export.plan import (  # noqa: F401
     _plan, budget_for, cluster_rows, counts_file, doc_keys, plan_shards, row_probabilities, select,
 )
-from climb.stages.export_publish import (_previous_outputs, _publish, check_destination,  # noqa: F401
+from climb.stages.export.publish import (_previous_outputs, _publish, check_destination,  # noqa: F401
                                          damaged_destination, destination)
 
 log = logging.getLogger(__name__)
@@ -301,7 +310,7 @@ def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: 
     if megatron:
         stats["megatron"] = {**export_megatron.stats_of(prefixes, paths.export.dir, dest), "dtype": trainer["dtype"],
                              "eod": trainer["eod"]}
-    from climb.stages.export_card import card
+    from climb.stages.export.card import card
     blends["README.md"] = card(cfg, paths, w, real_w, plan, by_cluster, stats, weights is not None)
     for name, text in blends.items():
         write_text(str(paths.export.dir / name), text)

@@ -17,7 +17,7 @@ import numpy as np
 
 from climb.config import RunConfig, digest
 from climb.io.files import read_json
-from climb.runtime.stage import RunPaths
+from climb.runtime.layout import RunPaths
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def card(cfg: RunConfig, paths: RunPaths, w: np.ndarray, real_w: np.ndarray, pla
     """The card's Markdown, YAML header included."""
     from climb.stages.report import summary_table, transfer_section, validation_summary
     from climb.stages.search import read_results
-    from climb.stages.summary import search_summary
+    from climb.stages.search.summary import search_summary
     clusters = read_json(paths.cluster.summary)["clusters"]
     per = {c["cluster"]: c for c in plan["selection"]["clusters"]}
     unit = {"": "tokens (proxy tokenizer)", "bytes": "bytes"}.get(cfg.export.tokenizer,
@@ -88,7 +88,7 @@ def card(cfg: RunConfig, paths: RunPaths, w: np.ndarray, real_w: np.ndarray, pla
         log.warning("export: %s The export writes the found mixture all the same.%s", said["sentence"], advice)
     transfer = ("\n\n### Does it transfer to a larger model?\n\n" + transfer_section(validation)) if validation else \
         "\n\nThe mixture was not validated on a larger model (`validate.enabled = false`)."
-    from climb.stages.summary import duplicates
+    from climb.stages.search.summary import duplicates
     dups = duplicates(paths)
     if dups:
         t = dups["total"]

@@ -2,7 +2,7 @@
 planned one corpus shard at a time.
 
 Documents are chosen per cluster in proportion to the final weights up to a token
-budget, counted in `export.tokenizer`'s unit (climb.stages.export_units). A cluster's
+budget, counted in `export.tokenizer`'s unit (climb.stages.export.units). A cluster's
 quota is `round(min(weight * budget, search.epoch_cap * its tokens))`; with `full, rest =
 divmod(quota, its tokens)`, every document of the cluster is taken `full` times (whole
 epochs: without replacement until the cluster runs dry, then again, up to the cap) and a
@@ -46,8 +46,9 @@ import pyarrow as pa
 
 from climb.config import RunConfig, digest
 from climb.io.files import InputError, read_json, write_npy
-from climb.runtime.stage import RunPaths, upstream_key
-from climb.stages import export_units
+from climb.runtime.stage import upstream_key
+from climb.runtime.layout import RunPaths
+from climb.stages.export import units as export_units
 from climb.stages.cluster import load_assignments
 
 GATHER = 4096  # documents per cluster held at once: the crossing's key range, or a "skip" round

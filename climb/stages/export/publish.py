@@ -13,8 +13,9 @@ from pathlib import Path
 
 from climb.config import RunConfig
 from climb.io.files import InputError, file_stamp, is_url, join, local_path, read_json, write_json, write_text
-from climb.runtime.stage import RunPaths
-from climb.stages import export_megatron, export_units
+from climb.runtime.layout import RunPaths
+from climb.stages.export import megatron as export_megatron
+from climb.stages.export import units as export_units
 
 
 def destination(cfg: RunConfig, paths: RunPaths) -> str | None:

@@ -1,5 +1,8 @@
 """Stage 7, report: one Markdown page with PNG plots, the same page as HTML, and `summary.json`.
 
+Reads: every stage's outputs (`<run>/validate/` where it ran).
+Writes: `<run>/report/`: `report.md`, `index.html`, PNG figures and `summary.json`.
+
 Plots: cluster sizes, a 2-D map of the clusters (PCA of their centroids,
 sized by documents), objective by iteration, predicted vs measured, and the
 final weights against the natural token shares. The page ends with the
@@ -27,9 +30,10 @@ import numpy as np
 from climb.config import RunConfig, digest
 from climb.io.files import read_json, write_json
 from climb.optimize.predictor import goal_sign
-from climb.runtime.stage import RunPaths, execute, upstream_key
+from climb.runtime.stage import execute, upstream_key
+from climb.runtime.layout import RunPaths
 from climb.stages.search import read_results
-from climb.stages.summary import compute_table, search_summary
+from climb.stages.search.summary import compute_table, search_summary
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +212,7 @@ def quality_lines(q: dict) -> str:
 
 def terminal_lines(summary: dict, mix: dict, clusters: list[dict]) -> str:
     """What the terminal ends with: the comparison, the found mixture's heaviest clusters, the verdict."""
-    from climb.stages.summary import mixture_lines, verdict
+    from climb.stages.search.summary import mixture_lines, verdict
     v = summary.get("verdict") or verdict(summary)
     return (summary_table(summary) + "\n\nFound mixture (by cluster, heaviest first):\n"
             + mixture_lines(mix["weights"], clusters) + "\n\n" + v["sentence"])
@@ -369,8 +373,8 @@ def page_html(page: str, folder: Path, title: str) -> str:
 
 
 def _duplicates_section(paths: RunPaths) -> str:
-    """The report's duplicates and drift, where the run has them (climb.stages.dedup, cluster)."""
-    from climb.stages.summary import duplicates, duplicates_table
+    """The report's duplicates and drift, where the run has them (climb.stages.cluster.dedup, cluster)."""
+    from climb.stages.search.summary import duplicates, duplicates_table
     d = duplicates(paths)
     if d is None:
         return ""
@@ -386,7 +390,7 @@ def _duplicates_section(paths: RunPaths) -> str:
 
 
 def _contamination_section(paths: RunPaths, quality: dict) -> str:
-    """The report's contamination check (climb.stages.contamination), where the search ran one."""
+    """The report's contamination check (climb.stages.tokenize.contamination), where the search ran one."""
     if not paths.search.contamination.exists():
         return ""
     scan = read_json(paths.search.contamination)

@@ -1,5 +1,13 @@
 """Stage 4, search: the CLIMB loop over cluster mixtures.
 
+Reads: `<run>/tokenize/` (the token store the proxies train on), `<run>/cluster/clusters.json`
+and the target.
+Writes: `<run>/search/`: `results.jsonl`, `plan_<i>.json`, `mixture.json`, `comparison.json`,
+`quality.json`, `contamination.json`, the swarm as CSV.
+Rooms: `common` (the pool, proxies, final mixture), `cheap` (experts, shared base, merged
+models), `compare` (the paired comparison), `summary` (what a finished search found, for the
+report and the export's card); the pick itself is climb/optimize/pick.py.
+
 Proxies train on the tokenize stage's per-cluster token store.
 
 Iteration 1 samples mixtures from a Dirichlet around the clusters' token
@@ -40,14 +48,15 @@ from climb.optimize.predictor import goal_sign
 from climb.optimize.quality import MIN_OOF_SPEARMAN, MIN_SNR, oof_spearman, pooled_noise, snr, warnings
 from climb.runtime import results as results_log
 from climb.runtime.device import proxy_processes
-from climb.runtime.stage import RunPaths, execute, older_key, upstream_key
+from climb.runtime.stage import execute, older_key, upstream_key
+from climb.runtime.layout import RunPaths
 from climb.runtime.targets import target_files
-from climb.stages.search_cheap import (experts_feature, experts_skill, halving, merged_feature, record_merge_scoring,
+from climb.stages.search.cheap import (experts_feature, experts_skill, halving, merged_feature, record_merge_scoring,
                                        shared_base)
-from climb.stages.search_common import (append, candidate_pool, final_mixture, fixed_candidates, mixture_space,
+from climb.stages.search.common import (append, candidate_pool, final_mixture, fixed_candidates, mixture_space,
                                         ok_sorted, pool_size, proxy_task, read_results, run_proxies)
-from climb.stages.search_compare import compare, comparison_table, one_shot, replicates
-from climb.stages.tokenization import cluster_tokens
+from climb.stages.search.compare import compare, comparison_table, one_shot, replicates
+from climb.stages.tokenize import cluster_tokens
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +95,8 @@ def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False) -> str:
     by what they hold (`legacy`: without them, as older run folders keyed it), the search and the
     budget (its epoch caps). Not the store's cap: every proxy (experts and a shared base too) reads
     the first proxy.read_cap() tokens of a cluster, the same from any store that keeps as many, so a
-    store sized for the validation model reruns no search (climb.stages.tokenization.short_of)."""
-    from climb.stages.tokenization import short_of
+    store sized for the validation model reruns no search (climb.stages.tokenize.short_of)."""
+    from climb.stages.tokenize import short_of
     # A time limit, the retry rule or the curves recorded change how proxies run, not what they measure.
     parts = [upstream_key(paths, "tokenize"), *short_of(paths, cfg.proxy.read_cap()),
              without(cfg.proxy, "timeout_s", "curve_points", "curve_evals"),
@@ -111,9 +120,9 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     feature_name = "merged models' objective" if search_cfg.merge else "experts' ensemble loss"
     results_log.repair(paths.search.results)
     space = mixture_space(cfg, cluster_tokens(paths))
-    from climb.stages.contamination import check as contamination_check
-    from climb.stages.contamination import leaning
-    from climb.stages.contamination import warning as contamination_warning
+    from climb.stages.tokenize.contamination import check as contamination_check
+    from climb.stages.tokenize.contamination import leaning
+    from climb.stages.tokenize.contamination import warning as contamination_warning
     scan = contamination_check(cfg, paths)
     results = read_results(paths)
     done = {r["mixture_id"] for r in results if not results_log.retry(r, search_cfg.retry_failed)}
@@ -185,7 +194,7 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     write_json(paths.search.quality, quality)
     for w in quality["warnings"]:
         log.warning("%s", w)
-    from climb.stages.summary import verdict
+    from climb.stages.search.summary import verdict
     said = verdict({"results": {k: v for k, v in table.items() if v is not None}, "comparison": verdicts,
                     "target": {"name": "+".join(cfg.target.objective), "goal": cfg.target.goal}})
     (log.info if said["kind"] == "better" else log.warning)("%s", said["sentence"])

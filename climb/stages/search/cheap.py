@@ -20,8 +20,9 @@ from climb.io.files import read_json, write_json
 from climb.optimize.predictor import goal_sign
 from climb.runtime import results as results_log
 from climb.runtime.proxy_runs import coef_path, train_and_score
-from climb.runtime.stage import RunPaths, upstream_key
-from climb.stages.search_common import append, base_steps, ok_sorted, proxy_task, read_results
+from climb.runtime.stage import upstream_key
+from climb.runtime.layout import RunPaths
+from climb.stages.search.common import append, base_steps, ok_sorted, proxy_task, read_results
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ def shared_base(cfg: RunConfig, paths: RunPaths, ex, space: dict) -> str:
     if not at:
         return ""
     ckpt, rec_file = paths.search.base_checkpoint, paths.search.base
-    from climb.stages.tokenization import short_of
+    from climb.stages.tokenize import short_of
     key = digest(upstream_key(paths, "tokenize"), *short_of(paths, cfg.proxy.read_cap()),
                  without(cfg.proxy, "timeout_s", "curve_points", "curve_evals"), at,
                  cfg.search.seed, [round(float(w), 12) for w in space["natural"]])

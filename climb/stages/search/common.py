@@ -1,7 +1,7 @@
 """What the search's parts share: the mixture space, the candidates, the results log, one
 proxy's task, training a batch of proxies, and the final pick.
 
-The search loop (climb/stages/search.py), its comparison with baselines
+The search loop (climb/stages/search/__init__.py), its comparison with baselines
 (search_compare.py) and its cheaper ways to choose (search_cheap.py) all build on
 these; none of them imports another.
 """
@@ -17,7 +17,7 @@ from climb.io.files import InputError
 from climb.optimize.predictor import goal_sign
 from climb.runtime import results as results_log
 from climb.runtime.proxy_runs import ProxyTask, stack_size, train_and_score, train_and_score_group
-from climb.runtime.stage import RunPaths
+from climb.runtime.layout import RunPaths
 
 log = logging.getLogger(__name__)
 

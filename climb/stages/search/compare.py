@@ -12,8 +12,8 @@ from climb.config import RunConfig
 from climb.io.files import read_json, write_json
 from climb.optimize.quality import fmt_comparison, paired_comparison
 from climb.runtime import results as results_log
-from climb.runtime.stage import RunPaths
-from climb.stages.search_common import (candidate_pool, final_mixture, fixed_candidates, ok_sorted, proxy_task,
+from climb.runtime.layout import RunPaths
+from climb.stages.search.common import (candidate_pool, final_mixture, fixed_candidates, ok_sorted, proxy_task,
                                         run_proxies)
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from climb.config import RunConfig
 from climb.io.files import read_json
-from climb.runtime.stage import RunPaths
+from climb.runtime.layout import RunPaths
 
 
 # The compute account's names for the purposes climb.runtime.results.proxy_records gives, in its order.
@@ -113,7 +113,7 @@ def mixture_lines(weights, clusters: list[dict], top: int = 5) -> str:
 
 
 def duplicates(paths: RunPaths) -> dict | None:
-    """Per cluster: documents, exact and near duplicates (climb.stages.dedup), and tokens before and
+    """Per cluster: documents, exact and near duplicates (climb.stages.cluster.dedup), and tokens before and
     after them; None where the run found none (dedup off, or a run from before it)."""
     csum = read_json(paths.cluster.summary)
     clusters = csum["clusters"]
@@ -122,7 +122,7 @@ def duplicates(paths: RunPaths) -> dict | None:
     tstats = paths.stats("tokenize") if paths.manifest("tokenize").exists() else {}
     inside = tstats.get("duplicate_tokens")
     dropped = tstats.get("dropped_duplicate_tokens")
-    from climb.stages.tokenization import cluster_tokens
+    from climb.stages.tokenize import cluster_tokens
     store = cluster_tokens(paths).tolist() if paths.manifest("tokenize").exists() else None
     rows = []
     for i, c in enumerate(clusters):

@@ -1,5 +1,9 @@
 """Stage 3, tokenize: the proxies' tokenizer and the per-cluster token store.
 
+Reads: `<run>/cluster/assign/` and the corpus; the target, to decontaminate.
+Writes: `<run>/tokenize/`: `tokenizer.json` and the per-cluster token store `tokens/`.
+Rooms: `contamination` (the target's n-grams in the store).
+
 A byte-level BPE tokenizer is trained on `proxy.tokenizer_docs` documents drawn
 evenly from the corpus files (or `proxy.tokenizer` names one to use). Every
 clustered document (pruned ones aside) is then tokenised, one task per corpus
@@ -50,7 +54,8 @@ import numpy as np
 
 from climb.config import CorpusConfig, RunConfig, digest
 from climb.io.files import fingerprint, read_aligned, read_documents, read_json
-from climb.runtime.stage import RunPaths, execute, older_key, output_digest, upstream_key, upstream_resume
+from climb.runtime.stage import execute, older_key, output_digest, upstream_key, upstream_resume
+from climb.runtime.layout import RunPaths
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +76,7 @@ class TokenizeTask:
     assignments: str
     store: str
     source: str = ""  # the assignments' digest, kept in the part's done.json
-    # target.decontaminate: the target's n-gram hashes (climb.stages.contamination) and their
+    # target.decontaminate: the target's n-gram hashes (climb.stages.tokenize.contamination) and their
     # length; a document holding one is left out of the store.
     ngrams: str = ""
     n: int = 0
@@ -102,7 +107,7 @@ def tokenize_shard(task: TokenizeTask) -> dict:
     left_out: list[int] = []
     done_file = Path(task.store) / "parts" / task.shard / "done.json"
     if task.ngrams and not done_file.exists():
-        from climb.stages.contamination import doc_is_contaminated
+        from climb.stages.tokenize.contamination import doc_is_contaminated
         bad = doc_is_contaminated(tok.encode_batch(texts), np.load(task.ngrams), task.n)
         left_out = [r for r, b in zip(rows, bad) if b]
         texts = [t for t, b in zip(texts, bad) if not b]
@@ -359,7 +364,7 @@ def _target_ngrams(cfg: RunConfig, paths: RunPaths, tok) -> str:
     """target.decontaminate: the target's n-gram hashes in the proxies' tokens, saved for the tasks."""
     from climb.io.files import write_npy
     from climb.runtime.targets import load_target
-    from climb.stages.contamination import target_ngrams
+    from climb.stages.tokenize.contamination import target_ngrams
     target = load_target(cfg.target, paths.root)
     out = paths.tokenize.dir / "target_ngrams.npy"
     write_npy(out, target_ngrams(target["texts"], target["tasks"], tok, cfg.target.contamination))
@@ -367,7 +372,7 @@ def _target_ngrams(cfg: RunConfig, paths: RunPaths, tok) -> str:
 
 
 def _duplicate_tokens(store: Path, names: list[str], k: int) -> dict:
-    """Per cluster, the tokens of duplicates (climb.stages.dedup) in the store and of those dropped
+    """Per cluster, the tokens of duplicates (climb.stages.cluster.dedup) in the store and of those dropped
     from it, from the parts' records; {} where no part has them."""
     import json
     inside, dropped = np.zeros(k, np.int64), np.zeros(k, np.int64)

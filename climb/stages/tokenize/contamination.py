@@ -16,7 +16,7 @@ contaminated clusters more than the natural mixture does; `target.decontaminate 
 has the tokenize stage leave those documents out of the store (and so out of the
 search and the export).
 
-    from climb.stages.contamination import target_ngrams, scan_store
+    from climb.stages.tokenize.contamination import target_ngrams, scan_store
 """
 from __future__ import annotations
 

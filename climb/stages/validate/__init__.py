@@ -1,5 +1,8 @@
 """Stage 5 (optional), validate: does the mixture transfer to a larger model?
 
+Reads: `<run>/search/` (the found mixture, baselines and swarm) and `<run>/tokenize/`.
+Writes: `<run>/validate/`: `plan.json`, `results.jsonl`, `summary.json`.
+
 The search judges mixtures with small proxies. This stage trains a larger model
 (`[validate]`: the proxy's width, depth and tokens multiplied, or any [proxy]
 field set outright) and asks two questions of it:
@@ -35,7 +38,8 @@ from climb.optimize.predictor import goal_sign
 from climb.optimize.quality import fmt_comparison, paired_comparison, rank_transfer
 from climb.runtime import results as results_log
 from climb.runtime.device import proxy_processes
-from climb.runtime.stage import RunPaths, execute, upstream_key
+from climb.runtime.stage import execute, upstream_key
+from climb.runtime.layout import RunPaths
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +52,10 @@ def read_results(paths: RunPaths) -> list[dict]:
 def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False) -> str:
     """The stage key: the search (the token store it read with it), the validation model, the
     target and [validate]; and the store's cap where it keeps less of a cluster than the built-in
-    validation model reads (tokenized without validate.enabled: climb.stages.tokenization.short_of),
+    validation model reads (tokenized without validate.enabled: climb.stages.tokenize.short_of),
     so that the stage runs again once the store holds what it reads. `legacy`: without that cap,
     as older run folders keyed it."""
-    from climb.stages.tokenization import short_of
+    from climb.stages.tokenize import short_of
     model = validation_model(cfg)
     searched = upstream_key(paths, "search")
     # Whether `climb run` validates, a time limit, the retry rule, the curves recorded: how it runs, not
