@@ -5,7 +5,7 @@
 import argparse
 import json
 
-from climb.stages.demo import build
+from climb.stages.embed.demo import build
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)

@@ -1,4 +1,4 @@
-"""Every relative link in README.md and docs/*.md names a file or folder that exists.
+"""Every relative link in README.md, BENCHMARKS.md and docs/**/*.md names a file or folder that exists.
 
 Markdown links and images (`[text](target)`, `![alt](target)`) and `<img src="...">` are
 checked relative to the file they are in; http(s):// and mailto: links and pure #anchors
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
 CODE = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
