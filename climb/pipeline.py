@@ -27,6 +27,7 @@ from pathlib import Path
 
 from climb.config import OPTIONAL, STAGES, RunConfig, load_config
 from climb.config.checks import check_run_dir
+from climb.io.errors import InputError
 from climb.runtime import preflight, track
 from climb.runtime.runlock import hold
 from climb.runtime.layout import RunPaths
@@ -64,10 +65,10 @@ def run_stage(stage: str, cfg: RunConfig, run_dir: str | Path, with_deps: bool =
             check_target(cfg)
         build_inputs(cfg, paths)
         preflight.check(cfg, paths, order)
-        paths.save_config(cfg)  # after the checks: a refused command leaves config.toml as it was
+        saved = _save_config(cfg, paths)  # after the checks: a refused command leaves config.toml as it was
         with track.session(cfg, paths) as tracker:
             for s in order:
-                preflight.before(s, cfg, paths)
+                _before(s, cfg, paths, saved, stats)
                 log.info("== %s ==", s)
                 with tracker.during(s):
                     stats[s] = _RUN[s](cfg, paths)
@@ -82,16 +83,37 @@ def run_all(cfg: RunConfig, run_dir: str | Path) -> dict:
         check_target(cfg)
         build_inputs(cfg, paths)
         preflight.check(cfg, paths, [s for s in STAGES if _enabled(cfg, s)])
-        paths.save_config(cfg)
+        saved = _save_config(cfg, paths)
         with track.session(cfg, paths) as tracker:
             for s in STAGES:
                 if not _enabled(cfg, s):
                     continue
-                preflight.before(s, cfg, paths)
+                _before(s, cfg, paths, saved, out)
                 log.info("== %s ==", s)
                 with tracker.during(s):
                     out[s] = _RUN[s](cfg, paths)
     return out
+
+
+def _save_config(cfg: RunConfig, paths: RunPaths) -> bytes | None:
+    """Write config.toml; return what it held before (None: there was none)."""
+    before = paths.config.read_bytes() if paths.config.exists() else None
+    paths.save_config(cfg)
+    return before
+
+
+def _before(stage: str, cfg: RunConfig, paths: RunPaths, saved: bytes | None, done: dict) -> None:
+    """The checks due before `stage` (climb.runtime.preflight.before). One refused while every stage
+    before it was skipped as up to date leaves the run folder as it was, config.toml included."""
+    try:
+        preflight.before(stage, cfg, paths)
+    except InputError:
+        if all(st.get("skipped_stage") for st in done.values()):
+            if saved is None:
+                paths.config.unlink(missing_ok=True)
+            elif paths.config.read_bytes() != saved:
+                paths.config.write_bytes(saved)
+        raise
 
 
 def check_target(cfg: RunConfig) -> None:

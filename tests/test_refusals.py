@@ -129,3 +129,45 @@ def test_good_weights_still_export(finished, capsys):
     got = json.loads((root / "export" / "mixture.json").read_text())["weights"]
     assert got == pytest.approx(w)
     assert main(args) == 0
+
+
+@pytest.mark.parametrize("stage", ["run", "search"])
+@pytest.mark.parametrize("setting, match", [
+    ("search.min_weight=2", "search.min_weight is the least weight a cluster may get, in [0, 1)"),
+    ("search.min_weight=-0.1", "search.min_weight is the least weight"),
+    ("search.concentrations=[]", "search.concentrations must be a non-empty list"),
+    ("search.concentrations=[0.3, 0]", "search.concentrations must be a non-empty list"),
+    ("proxy.vocab_size=10", "proxy.vocab_size = 10 is too small"),
+    # Known only once the clusters exist: checked before the search touches its earlier outputs.
+    ("search.min_weight=0.3", "no mixture fits; set search.min_weight to at most 0.25"),
+])
+def test_a_setting_the_search_cannot_use_is_refused_before_it_starts(finished, capsys, stage, setting, match):
+    config_file, root, k = finished
+    assert k == 4  # the last case's message names 1 / 4
+    _refused(capsys, [stage, "--config", str(config_file), "--run", str(root), "--set", setting], root, match)
+
+
+@pytest.mark.parametrize("stage", ["run", "cluster"])
+def test_more_clusters_than_documents_is_refused_before_the_cluster_stage_clears_its_outputs(finished, capsys, stage):
+    config_file, root, _ = finished
+    _refused(capsys, [stage, "--config", str(config_file), "--run", str(root), "--set", "cluster.k=1000"], root,
+             "120 documents but cluster.k=1000: need at least as many documents as clusters")
+
+
+def test_a_cuda_device_without_one_is_refused_before_any_stage(finished, capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    config_file, root, _ = finished
+    for setting, name in [('embed.device="cuda"', "embed.device"), ('proxy.device="cuda:0"', "proxy.device")]:
+        _refused(capsys, ["run", "--config", str(config_file), "--run", str(root), "--set", setting], root,
+                 f"{name} = {setting.split('=')[1].strip(chr(34))!r}, but this machine has no CUDA device")
+
+
+def test_a_missing_tokenizer_file_and_an_empty_corpus_are_refused(finished, capsys, tmp_path):
+    config_file, root, _ = finished
+    _refused(capsys, ["run", "--config", str(config_file), "--run", str(root), "--set",
+                      f'proxy.tokenizer="{tmp_path / "nosuch.json"}"'], root, "proxy.tokenizer: ")
+    (tmp_path / "empty.jsonl").write_text("")
+    _refused(capsys, ["run", "--config", str(config_file), "--run", str(root), "--set",
+                      f'corpus.paths=["{tmp_path / "empty.jsonl"}"]'], root, "the corpus has no records")

@@ -91,6 +91,8 @@ def test_a_run_that_cannot_beat_uniform_says_so_everywhere(uniform_best, capsys)
     out = capsys.readouterr().out
     assert "Found mixture (by cluster, heaviest first):" in out and v["sentence"] in out
     assert "cluster" in out.split("Found mixture")[1].splitlines()[1]
+    # The sentence is the last thing said, before the report's path.
+    assert out.rstrip().splitlines()[-3:-1] == [v["sentence"], ""]
 
 
 def test_the_export_keeps_the_found_mixture_and_its_card_says_it_is_weak(uniform_best, caplog):

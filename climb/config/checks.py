@@ -105,6 +105,18 @@ def check_config(cfg: RunConfig) -> None:
               "proxy.curve_points", "proxy.curve_evals", "proxy.timeout_s", "export.token_budget", "corpus.max_shards",
               "search.final_top_k", "search.final_kl", "search.steadiness_boot", "export.weight_tolerance", "executor.dask_resource_grace_s")
     _check_model(cfg.proxy, "proxy")
+    if not 0 <= cfg.search.min_weight < 1:
+        raise ConfigError(f"search.min_weight is the least weight a cluster may get, in [0, 1) and at most "
+                          f"1 / (number of clusters); got {cfg.search.min_weight}")
+    if not cfg.search.concentrations or not all(c > 0 for c in cfg.search.concentrations):
+        raise ConfigError("search.concentrations must be a non-empty list of positive Dirichlet concentrations, "
+                          f"e.g. [0.1, 0.3, 1.0]; got {list(cfg.search.concentrations)}")
+    if not cfg.search.temperature >= 0:
+        raise ConfigError(f"search.temperature must be >= 0 (0: around uniform, 1: around the token shares), "
+                          f"got {cfg.search.temperature}")
+    if not cfg.proxy.tokenizer and not cfg.proxy.lookup and cfg.proxy.vocab_size < 257:
+        raise ConfigError(f"proxy.vocab_size = {cfg.proxy.vocab_size} is too small for the byte-level BPE the "
+                          "tokenize stage trains: it needs at least 257 (256 bytes and the end-of-text token)")
     if not 0 < cfg.search.epoch_cap:
         raise ConfigError(f"search.epoch_cap must be positive, got {cfg.search.epoch_cap}")
     if cfg.export.format not in ("parquet", "megatron", "both"):

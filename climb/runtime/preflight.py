@@ -48,25 +48,74 @@ BUILTIN_TASK_METRICS = ("acc", "acc_norm", "gold_loss_per_byte")
 def check(cfg: RunConfig, paths, stages) -> None:
     """Every check whose inputs exist before the first of `stages` runs."""
     check_corpus(cfg, paths.root)
+    check_devices(cfg, stages)
+    if "tokenize" in stages and cfg.proxy.tokenizer and not is_url(cfg.proxy.tokenizer) \
+            and not Path(cfg.proxy.tokenizer).is_file():
+        raise InputError(f"proxy.tokenizer: {cfg.proxy.tokenizer} is not a file; set proxy.tokenizer to a "
+                         "tokenizer.json, or to \"\" to train one on the corpus")
     if "search" in stages or "validate" in stages or ("tokenize" in stages and cfg.target.decontaminate):
         check_target(cfg, paths.root, validates="validate" in stages)
 
 
 def before(stage: str, cfg: RunConfig, paths) -> None:
-    """The checks due just before `stage` runs: before the search, the token budget."""
+    """The checks due just before `stage` runs, on what the stages before it wrote, and before it
+    touches its own earlier outputs: before the cluster stage, the documents against cluster.k;
+    before the search, the token budget and the minimum weight against the clusters."""
+    if stage == "cluster":
+        check_k(cfg, paths)
     if stage == "search":
         check_budget(cfg, paths)
+        check_min_weight(cfg, paths)
+
+
+def check_devices(cfg: RunConfig, stages) -> None:
+    """A CUDA device named in embed.device, proxy.device or validate.device needs a GPU here."""
+    from climb.config.checks import validation_model
+    named = [(s, d) for s, d, used in (("embed.device", cfg.embed.device, "embed" in stages),
+                                       ("proxy.device", cfg.proxy.device, "search" in stages),
+                                       ("validate.model.device" if "device" in cfg.validate.model else "proxy.device",
+                                        validation_model(cfg).device, "validate" in stages))
+             if used and isinstance(d, str) and d.startswith("cuda")]
+    if not named:
+        return
+    import torch
+    if not torch.cuda.is_available():
+        s, d = named[0]
+        raise InputError(f"{s} = {d!r}, but this machine has no CUDA device; set {s} to \"auto\" or \"cpu\"")
+
+
+def check_k(cfg: RunConfig, paths) -> None:
+    """cluster.k against the documents the embed stage wrote (their count is in its manifest)."""
+    if not paths.manifest("embed").exists():
+        return
+    docs = int(paths.stats("embed").get("docs", 0))
+    if docs and docs < cfg.cluster.k:
+        raise InputError(f"{docs} documents but cluster.k={cfg.cluster.k}: need at least as many documents as "
+                         f"clusters; lower it (--set cluster.k={max(2, docs // 10)}) or add documents")
+
+
+def check_min_weight(cfg: RunConfig, paths) -> None:
+    """search.min_weight times the clusters must leave room for a mixture (weights sum to 1)."""
+    if not paths.cluster.summary.exists() or not cfg.search.min_weight:
+        return
+    k = paths.n_clusters()
+    if cfg.search.min_weight * k > 1 + 1e-9:
+        raise InputError(f"search.min_weight = {cfg.search.min_weight:g} for each of {k} clusters sums to "
+                         f"{cfg.search.min_weight * k:.3g} > 1: no mixture fits; set search.min_weight to at "
+                         f"most {1 / k:.4g} (1 / clusters), or 0")
 
 
 # ----------------------------------------------------------------- the corpus
 def check_corpus(cfg: RunConfig, run_dir: Path) -> None:
     corpus = cfg.corpus
     files = resolve_corpus_files(corpus.paths, run_dir, corpus.max_shards)
+    empty = []
     for f in files[:FILES]:
         fields, rows, values = peek(f, [corpus.text_column] + ([corpus.id_column] if corpus.id_column else []),
                                     SAMPLE)
         if not rows:
-            continue  # an empty file: the stages count what they read and say when nothing is left
+            empty.append(f)  # the stages count what they read and say when nothing is left
+            continue
         if corpus.text_column not in values:
             raise InputError(f"{f}: {_none_have(rows, corpus.text_column, 'corpus.text_column', fields)}; "
                              f"set corpus.text_column to the field holding the text"
@@ -83,6 +132,11 @@ def check_corpus(cfg: RunConfig, run_dir: Path) -> None:
         if have < rows:
             log.warning("%s: %d of %s have a %r field (corpus.id_column); the others get ids "
                         "<file stem>:<row>", f, have, _records(rows), corpus.id_column)
+    if empty and len(empty) == len(files):
+        raise InputError(f"the corpus has no records: {', '.join(map(str, empty))} "
+                         f"{'is' if len(empty) == 1 else 'are'} empty; check corpus.paths")
+    for f in empty:
+        log.warning("%s: no records; it adds nothing to the corpus (corpus.paths)", f)
 
 
 # ----------------------------------------------------------------- the target

@@ -210,11 +210,13 @@ def quality_lines(q: dict) -> str:
     return "\n".join(lines)
 
 
-def terminal_lines(summary: dict, mix: dict, clusters: list[dict]) -> str:
-    """What the terminal ends with: the comparison, the found mixture's heaviest clusters, the verdict."""
+def terminal_lines(summary: dict, mix: dict, clusters: list[dict], middle: str = "") -> str:
+    """What the terminal ends with: the comparison, `middle` (how far to trust it), then the found
+    mixture's heaviest clusters and the verdict, last, where the eye lands."""
     from climb.stages.search.summary import mixture_lines, verdict
     v = summary.get("verdict") or verdict(summary)
-    return (summary_table(summary) + "\n\nFound mixture (by cluster, heaviest first):\n"
+    return (summary_table(summary) + (f"\n\n{middle}" if middle else "")
+            + "\n\nFound mixture (by cluster, heaviest first):\n"
             + mixture_lines(mix["weights"], clusters) + "\n\n" + v["sentence"])
 
 
@@ -508,7 +510,7 @@ Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy see
 {_duplicates_section(paths)}{_contamination_section(paths, quality)}"""
     paths.report.page.write_text(page)
     paths.report.html.write_text(page_html(page, out, f"climb report: {cfg.name}"), encoding="utf-8")
-    print("\n" + terminal_lines(summary, mix, clusters) + "\n\n" + quality_lines(quality)
-          + (f"\n\nDoes it transfer?\n{transfer_section(validation)}" if validation is not None else "")
-          + f"\n\nreport: {paths.report.page}\n")
+    middle = quality_lines(quality) + (f"\n\nDoes it transfer?\n{transfer_section(validation)}"
+                                       if validation is not None else "")
+    print("\n" + terminal_lines(summary, mix, clusters, middle) + f"\n\nreport: {paths.report.page}\n")
     return {"figures": figs, "summary": summary}
