@@ -62,7 +62,9 @@ def test_planted_target_items_are_found_reported_and_removed(tmp_path, monkeypat
     assert warning(scan, np.eye(k)[worst["cluster"]], natural / natural.sum()) is not None
     assert warning(scan, natural / natural.sum(), natural / natural.sum()) is None
     pipeline.run_stage("report", cfg, paths.root)
-    assert "## Contamination" in (paths.root / "report" / "report.md").read_text()
+    page = (paths.root / "report" / "report.md").read_text()
+    read = sum(c["cluster_docs"] for c in scan["clusters"])
+    assert "## Contamination" in page and f"5 of the {read:,} documents the proxies read" in page
     # decontaminated: out of the store, so out of the search's scan and of the export
     clean = dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, decontaminate=True))
     pipeline.run_stage("export", clean, paths.root)

@@ -397,8 +397,9 @@ def _contamination_section(paths: RunPaths, quality: dict) -> str:
         return ""
     scan = read_json(paths.search.contamination)
     lean = quality.get("contamination") or {}
-    head = (f"\n## Contamination\n\n{scan['docs']:,} documents ({scan['tokens']:,} tokens) share a "
-            f"{scan['ngram']}-gram with the target's text")
+    from climb.stages.tokenize.contamination import scanned
+    head = (f"\n## Contamination\n\n{scan['docs']:,} of the {scanned(scan):,} documents the proxies read "
+            f"({scan['tokens']:,} tokens) share a {scan['ngram']}-gram with the target's text")
     if lean:
         head += (f"; the found mixture draws {100 * lean['found']:.2f}% of its tokens from them, the natural "
                  f"mixture {100 * lean['natural']:.2f}%")

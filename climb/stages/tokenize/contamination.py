@@ -129,6 +129,11 @@ def scan_store(store, targets: np.ndarray, n: int, eos: int, tok, id_of, example
             "docs": sum(p["docs"] for p in per), "tokens": sum(p["tokens"] for p in per)}
 
 
+def scanned(scan: dict) -> int:
+    """The documents a scan read: all of each cluster, or the part the proxies read of a larger one."""
+    return sum(int(c["cluster_docs"]) for c in scan["clusters"])
+
+
 def _first_docs(store) -> dict:
     """{shard: {cluster: documents of the cluster in the shards before it}} (a shard's share of a
     cluster begins there in the cluster's document order, which `doc_ids` counts in), from the
@@ -173,8 +178,8 @@ def check(cfg, paths) -> dict | None:
     scan = scan_store(store, targets, n, tok.eos_id, tok, lambda c, idx: doc_ids(paths, store, c, idx),
                       read=cfg.proxy.read_cap())
     write_json(paths.search.contamination, scan)
-    log.info("contamination: %d documents (%d tokens) share a %d-gram with the target", scan["docs"],
-             scan["tokens"], n)
+    log.info("contamination: %d of the %d documents the proxies read (%d tokens) share a %d-gram with the "
+             "target", scan["docs"], scanned(scan), scan["tokens"], n)
     return scan
 
 
