@@ -278,3 +278,12 @@ def test_config_and_cli_load_without_torch():
     # proxies stands alone: it never imports climb.
     for path in (REPO / "proxies").glob("*.py"):
         assert not re.search(r"^\s*(from|import)\s+climb\b", path.read_text(), re.M), path
+
+
+def test_maximizing_a_loss_is_refused():
+    with pytest.raises(ConfigError, match=r"target.goal = 'maximize', but target.objective \['bpb'\] is a loss"):
+        load_config(None, ['target.goal="maximize"'])
+    with pytest.raises(ConfigError, match=r"are losses"):
+        load_config(None, ['target.goal="maximize"', 'target.objective=["bpb", "t/gold_loss_per_byte"]'])
+    # a metric of another kind in the objective: the user's call
+    assert load_config(None, ['target.goal="maximize"', 'target.objective=["bpb", "t/acc"]']).target.goal == "maximize"

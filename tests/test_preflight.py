@@ -170,8 +170,9 @@ metric_list:
 """)
     harness._CACHE.clear()
     task = [f'target.lm_eval=["{tmp_path}/mc_local.yaml"]', 'target.goal="maximize"']
-    for good in ("mc_local/acc", "mc_local/gold_loss_per_byte"):
-        preflight.check_target(load_config(None, [*task, f'target.objective=["{good}"]']), tmp_path)
+    for good, goal in (("mc_local/acc", "maximize"), ("mc_local/gold_loss_per_byte", "minimize")):
+        preflight.check_target(load_config(None, [*task, f'target.objective=["{good}"]', f'target.goal="{goal}"']),
+                               tmp_path)
     with pytest.raises(InputError, match=r"names \['mc_local/acc_norm'\], but the built-in proxy trainer reports "
                                          r"\['mc_local/acc', 'mc_local/gold_loss_per_byte', 'train_loss'\]"):
         preflight.check_target(load_config(None, [*task, 'target.objective=["mc_local/acc_norm"]']), tmp_path)

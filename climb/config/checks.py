@@ -18,6 +18,12 @@ def check_config(cfg: RunConfig) -> None:
     naming the key and the fix."""
     if cfg.target.goal not in ("minimize", "maximize"):
         raise ConfigError(f"target.goal must be 'minimize' or 'maximize', got {cfg.target.goal!r}")
+    losses = [m for m in cfg.target.objective
+              if m in ("bpb", "train_loss") or m.endswith("/gold_loss_per_byte")]
+    if cfg.target.goal == "maximize" and losses and len(losses) == len(cfg.target.objective):
+        raise ConfigError(f"target.goal = 'maximize', but target.objective {list(cfg.target.objective)} "
+                          f"{'is a loss' if len(losses) == 1 else 'are losses'} (lower is better); "
+                          "set target.goal = 'minimize'")
     if cfg.cluster.k < 2:
         raise ConfigError("cluster.k must be at least 2")
     if cfg.target.contamination < 0 or (cfg.target.decontaminate and cfg.target.contamination < 1):
