@@ -258,3 +258,10 @@ def test_an_external_trainers_unknown_metric_stops_the_first_proxy(tmp_path, mon
                                          "set target.objective to metrics it reports"):
         pipeline.run_stage("search", cfg, paths.root)
     assert not paths.search.mixture.exists()
+
+
+def test_a_target_file_of_another_kind_is_named_as_such(tmp_path):
+    (tmp_path / "held.txt").write_text("plain text, not JSON Lines\n")
+    cfg = load_config(None, [f'target.texts=["{tmp_path}/held.txt"]'])
+    with pytest.raises(InputError, match=r"target.texts: .*held.txt: unsupported file type; use Parquet, JSON Lines"):
+        preflight.check_target(cfg, tmp_path)

@@ -180,7 +180,10 @@ def _check_texts(section: str, patterns, column: str, run_dir: Path, here: bool)
     for pattern in patterns:
         try:
             files = resolve_corpus_files([pattern], run_dir)
-        except InputError:
+        except InputError as e:
+            if "no corpus files match" not in str(e):  # a file there, of a kind climb does not read
+                _refuse(here, f"{section}.texts: {e}")
+                continue
             _refuse(here, f"{section}.texts: no file matches {_written(pattern, run_dir)}; fix {section}.texts "
                           "(held-out text: JSON Lines or Parquet files, globs of them or URLs, e.g. --set "
                           f"{section}.texts='[\"data/heldout.jsonl\"]')")
