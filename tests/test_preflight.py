@@ -265,3 +265,16 @@ def test_a_target_file_of_another_kind_is_named_as_such(tmp_path):
     cfg = load_config(None, [f'target.texts=["{tmp_path}/held.txt"]'])
     with pytest.raises(InputError, match=r"target.texts: .*held.txt: unsupported file type; use Parquet, JSON Lines"):
         preflight.check_target(cfg, tmp_path)
+
+
+def test_a_file_matched_twice_and_two_files_of_one_name_are_told_apart(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for d in ("a", "b"):
+        (tmp_path / d / "part.jsonl").write_text('{"id": "x", "text": "some words"}\n')
+    twice = load_config(None, [f'corpus.paths=["{tmp_path}/a/*.jsonl", "{tmp_path}/a/part.jsonl"]'])
+    with pytest.raises(InputError, match=r"a/part.jsonl is matched by more than one of its patterns"):
+        preflight.check_corpus(twice, tmp_path)
+    two = load_config(None, [f'corpus.paths=["{tmp_path}/a/*.jsonl", "{tmp_path}/b/*.jsonl"]'])
+    with pytest.raises(InputError, match=r"share the shard name\(s\) \['part'\] \(e.g. part.parquet in two folders\)"):
+        preflight.check_corpus(two, tmp_path)
