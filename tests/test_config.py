@@ -287,3 +287,18 @@ def test_maximizing_a_loss_is_refused():
         load_config(None, ['target.goal="maximize"', 'target.objective=["bpb", "t/gold_loss_per_byte"]'])
     # a metric of another kind in the objective: the user's call
     assert load_config(None, ['target.goal="maximize"', 'target.objective=["bpb", "t/acc"]']).target.goal == "maximize"
+
+
+def test_an_error_in_the_config_file_names_the_file(tmp_path):
+    f = tmp_path / "mine.toml"
+    f.write_text('[cluster]\nk = "4"\n')
+    with pytest.raises(ConfigError, match=r"mine.toml: cluster.k: expected int, got '4'"):
+        load_config(f, [])
+    with pytest.raises(ConfigError, match=r"mine.toml: cluster.k: expected int"):
+        load_config(f, ["search.seed=3"])  # an unrelated override: still the file's own error
+    f.write_text('[search]\niteration = [4, 2]\n')
+    with pytest.raises(ConfigError, match=r"mine.toml: unknown config key\(s\) \['iteration'\] in \[search\]"):
+        load_config(f, [])
+    f.write_text('[cluster]\nk = 4\n')
+    with pytest.raises(ConfigError, match=r"^cluster.k: expected int"):  # an override's error is the override's
+        load_config(f, ['cluster.k="x"'])

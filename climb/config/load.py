@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import copy
 import tomllib
 from pathlib import Path
 
@@ -22,7 +23,23 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
             data = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: invalid TOML ({e})") from e
-    data = apply_overrides(data, overrides)
-    cfg = from_dict(RunConfig, data)
-    check_config(cfg)
+    merged = apply_overrides(copy.deepcopy(data), overrides)  # `data` stays the file's own settings
+    try:
+        cfg = from_dict(RunConfig, merged)
+        check_config(cfg)
+    except ConfigError as e:
+        if path is not None and overrides and str(e) == _error_of(data):
+            raise ConfigError(f"{path}: {e}") from e  # the file's own setting, not an override
+        if path is not None and not overrides:
+            raise ConfigError(f"{path}: {e}") from e
+        raise
     return cfg
+
+
+def _error_of(data: dict) -> str | None:
+    """The ConfigError a config file's own settings give, without the overrides (None: none)."""
+    try:
+        check_config(from_dict(RunConfig, data))
+    except ConfigError as e:
+        return str(e)
+    return None
