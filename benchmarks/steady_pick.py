@@ -41,6 +41,14 @@ from common import write_result  # noqa: E402
 
 EVAL_SEEDS = 10
 DEFAULT_SETS = ["search.experts=0", "search.iterations=[8,8,8,4]", f"search.eval_seeds={EVAL_SEEDS}"]
+# Searches judged against the default, each on the same base and comparison seeds (the rule in
+# docs/benchmarks/steady-answer.md, "The next measurement"): arm -> its search settings.
+ARMS = {
+    "default": DEFAULT_SETS,
+    # The region, not the pick, moves the answer: the same 28 proxies, half of them spent on a
+    # first round twice as wide, before the predictor steers.
+    "wide": ["search.experts=0", "search.iterations=[16,8,4]", f"search.eval_seeds={EVAL_SEEDS}"],
+}
 PRESETS = {
     "tech": {"config": "pipelines/demo.toml", "sets": [], "known_answer": True},
     "sport": {"config": "pipelines/demo.toml",
@@ -52,8 +60,8 @@ PRESETS = {
 RECORDS = REPO / "benchmarks" / "results" / "records"
 
 
-def names(preset: str, seed: int | None = None) -> Path:
-    return REPO / "runs" / (f"g49{preset}_base" if seed is None else f"g49{preset}_default_s{seed}")
+def names(preset: str, seed: int | None = None, arm: str = "default") -> Path:
+    return REPO / "runs" / (f"g49{preset}_base" if seed is None else f"g49{preset}_{arm}_s{seed}")
 
 
 def _climb(args: list[str], log_path: Path) -> None:
@@ -88,25 +96,41 @@ def record(run: Path, known_answer: bool) -> dict:
     return rec
 
 
-def train(preset: str, seeds: list[int]) -> None:
+def train(preset: str, seeds: list[int], arm: str = "default") -> None:
     base = names(preset)
     if not (base / "tokenize" / "manifest.json").exists():
         _climb(["tokenize", "--run", str(base)] + common_args(preset), base.with_suffix(".log"))
     for i, seed in enumerate(seeds):
-        run, kept = names(preset, seed), RECORDS / f"{names(preset, seed).name}.json"
+        run, kept = names(preset, seed, arm), RECORDS / f"{names(preset, seed, arm).name}.json"
         if kept.exists():
             continue
         if not (run / "search" / "manifest.json").exists():
             if not run.exists():
                 shutil.copytree(base, run, copy_function=shutil.copy2)
-            # The first seed trains the baselines; the rest are judged against its.
-            first = not any(RECORDS.glob(f"g49{preset}_default_s*.json")) and i == 0
-            sets = [f"search.seed={seed}"] + DEFAULT_SETS + PRESETS[preset].get("extra", []) + (
+            # The first seed of an arm trains the baselines: the default's judge the rest, and another
+            # arm's check that its base (rebuilt, perhaps on another day) gives the default's figures.
+            first = not any(RECORDS.glob(f"g49{preset}_{arm}_s*.json")) and i == 0
+            sets = [f"search.seed={seed}"] + ARMS[arm] + PRESETS[preset].get("extra", []) + (
                 [] if first else ["search.baselines=[]"])
             _climb(["search", "--run", str(run)] + common_args(preset) + [a for s in sets for a in ("--set", s)],
                    run.with_suffix(".log"))
-        write_result(kept, record(run, PRESETS[preset]["known_answer"]), indent=1)
-        print(f"recorded {kept.name}", flush=True)
+        rec = record(run, PRESETS[preset]["known_answer"])
+        if arm != "default":
+            rec["base_check"] = base_check(preset, rec)
+        write_result(kept, rec, indent=1)
+        print(f"recorded {kept.name}" + (f" (base check: {rec['base_check']})" if arm != "default" else ""),
+              flush=True)
+
+
+def base_check(preset: str, rec: dict) -> str:
+    """Whether an arm's baselines, where it trained them, match the default's to 1e-9."""
+    ours = {n: {s: rec["comparison"][f"{n}/{s}"]["objective"] for s in rec["comparison_seeds"]}
+            for n in ("uniform", "natural") if f"{n}/{rec['comparison_seeds'][0]}" in rec["comparison"]}
+    if not ours:
+        return "not trained here"
+    theirs = _baselines(preset)
+    worst = max(abs(ours[n][s] - theirs[n][str(s)]) for n in ours for s in ours[n])
+    return "same base" if worst < 1e-9 else f"DIFFERENT BASE: baselines differ by up to {worst:.2e}"
 
 
 # Final rules a replay can make: search.* settings on top of the run's own.
@@ -279,9 +303,59 @@ def decompose(preset: str, seeds: list[int], rules: list[str], out: str | None) 
     return out_obj
 
 
+def judge(preset: str, seeds: list[int], arm: str, out: str | None) -> dict:
+    """An arm against the default under the rule (docs/benchmarks/steady-answer.md, "The next
+    measurement"): per seed its found objective, held-out share, steadiness and verdicts; overall
+    the sd, the paired difference from the default by seed, the compute fraction, and whether it
+    passes."""
+    import numpy as np
+
+    from climb.optimize.quality import paired_comparison
+    limits = {"tech": (0.006, 0.003), "bench": (0.0025, 0.002), "sport": (None, 0.005)}[preset]
+    base = _baselines(preset)
+    rows, ours, theirs, cu, cd = [], [], [], [], []
+    for s in seeds:
+        a, d = (RECORDS / f"g49{preset}_{arm}_s{s}.json"), (RECORDS / f"g49{preset}_default_s{s}.json")
+        if not (a.exists() and d.exists()):
+            continue
+        ra, rd = json.loads(a.read_text()), json.loads(d.read_text())
+        cs = [str(c) for c in ra["comparison_seeds"]]
+        vals = [ra["comparison"][f"climb/{c}"]["objective"] for c in cs]
+        verdicts = {n: paired_comparison(vals, [b[c] for c in cs], ra["goal"]) for n, b in base.items()}
+        rows.append({"seed": s, "found": float(np.mean(vals)), "default": rd["score"],
+                     "held_out_share": ra.get("held_out_share", {}).get("climb"),
+                     "steadiness": (ra["quality"].get("steadiness") or {}).get("pick_sd"),
+                     "verdicts": {n: {"diff": v["diff"], "ci95": v["ci95"], "verdict": v["verdict"]}
+                                  for n, v in verdicts.items()}})
+        ours.append(rows[-1]["found"])
+        theirs.append(rd["score"])
+        cu.append(ra["search_compute"]["token_params"])
+        cd.append(rd["search_compute"]["token_params"])
+    if len(rows) < 2:
+        raise SystemExit(f"{arm} on {preset}: {len(rows)} seed(s) with both records; nothing to judge")
+    sd = float(np.std(ours, ddof=1))
+    goal = json.loads((RECORDS / f"g49{preset}_{arm}_s{rows[0]['seed']}.json").read_text())["goal"]
+    diff = paired_comparison(ours, theirs, goal)
+    shares = [r["held_out_share"] for r in rows if r["held_out_share"] is not None]
+    better = all(v["verdict"] == "better" for r in rows for v in r["verdicts"].values())
+    fraction = float(np.sum(cu) / np.sum(cd))
+    need = {"tech": 10, "bench": 8, "sport": 5}[preset]
+    checks = {"seeds": len(rows) >= need, "sd": limits[0] is None or sd <= limits[0],
+              "paired_upper": diff["ci95"] is not None and diff["ci95"][1] < limits[1],
+              "share": not shares or min(shares) >= 0.6, "beats_baselines": better, "compute": fraction <= 1.1}
+    obj = {"preset": preset, "arm": arm, "seeds": [r["seed"] for r in rows], "per_seed": rows, "sd": sd,
+           "minus_default": diff["diff"], "ci95": diff["ci95"], "compute_fraction": fraction,
+           "default_sd": float(np.std(theirs, ddof=1)), "checks": checks, "passes": all(checks.values())}
+    print(json.dumps({k: v for k, v in obj.items() if k != "per_seed"}, indent=1))
+    if out:
+        write_result(out, obj)
+    return obj
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("verb", choices=["train", "replay", "decompose", "spread"])
+    ap.add_argument("verb", choices=["train", "replay", "decompose", "spread", "judge"])
+    ap.add_argument("--arm", choices=list(ARMS), default="default", help="train / judge: which search")
     ap.add_argument("--records", default="g49{preset}_default_s{seed}",
                     help="spread: the record names, e.g. g32tech_default_s{seed} for issue 32's runs")
     ap.add_argument("--preset", choices=list(PRESETS), default="tech")
@@ -291,7 +365,9 @@ def main(argv=None) -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.verb == "train":
-        train(a.preset, a.seeds)
+        train(a.preset, a.seeds, a.arm)
+    elif a.verb == "judge":
+        judge(a.preset, a.seeds, a.arm, a.json)
     elif a.verb == "spread":
         recs = [json.loads(f.read_text()) for f in (RECORDS / (a.records.format(preset=a.preset, seed=s) + ".json")
                                                      for s in a.seeds) if f.exists()]
