@@ -67,6 +67,7 @@ def names(preset: str, seed: int | None = None, arm: str = "default") -> Path:
 def _climb(args: list[str], log_path: Path) -> None:
     cmd = [sys.executable, "-m", "climb.cli"] + args
     print(" ".join(cmd), flush=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                        env=dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"))
