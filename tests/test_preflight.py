@@ -278,3 +278,12 @@ def test_a_file_matched_twice_and_two_files_of_one_name_are_told_apart(tmp_path)
     two = load_config(None, [f'corpus.paths=["{tmp_path}/a/*.jsonl", "{tmp_path}/b/*.jsonl"]'])
     with pytest.raises(InputError, match=r"share the shard name\(s\) \['part'\] \(e.g. part.parquet in two folders\)"):
         preflight.check_corpus(two, tmp_path)
+
+
+def test_a_text_column_of_numbers_is_refused(tmp_path):
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"id": f"a{i}", "text": i, "body": "words"}) + "\n"
+                                              for i in range(5)))
+    cfg = load_config(None, [f'corpus.paths=["{tmp_path}/c.jsonl"]'])
+    with pytest.raises(InputError, match=r"c.jsonl: the 'text' field \(corpus.text_column\) of its 5 records holds "
+                                         r"int values, not text"):
+        preflight.check_corpus(cfg, tmp_path)

@@ -129,6 +129,11 @@ def check_corpus(cfg: RunConfig, run_dir: Path) -> None:
             raise InputError(f"{f}: {_none_have(rows, corpus.text_column, 'corpus.text_column', fields)}; "
                              f"set corpus.text_column to the field holding the text"
                              f"{_example('corpus.text_column', fields)}")
+        texts = [v for v in values[corpus.text_column] if v is not None]
+        if texts and not any(isinstance(v, str) for v in texts):
+            raise InputError(f"{f}: the {corpus.text_column!r} field (corpus.text_column) of {_records(rows)} "
+                             f"holds {type(texts[0]).__name__} values, not text; set corpus.text_column to the "
+                             f"field holding the text{_example('corpus.text_column', fields)}")
         if not corpus.id_column:
             continue
         have = sum(v is not None for v in values.get(corpus.id_column, ()))
