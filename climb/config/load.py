@@ -28,10 +28,8 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         cfg = from_dict(RunConfig, merged)
         check_config(cfg)
     except ConfigError as e:
-        if path is not None and overrides and str(e) == _error_of(data):
+        if path is not None and (not overrides or str(e) == _error_of(data)):
             raise ConfigError(f"{path}: {e}") from e  # the file's own setting, not an override
-        if path is not None and not overrides:
-            raise ConfigError(f"{path}: {e}") from e
         raise
     return cfg
 

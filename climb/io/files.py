@@ -68,6 +68,15 @@ def file_name(path: str | Path) -> str:
     return Path(path).name
 
 
+def check_shard_names(files) -> None:
+    """Corpus files must have distinct shard names (`shard_name`): every stage's unit is named so."""
+    names = [shard_name(f) for f in files]
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+        raise InputError(f"corpus files share the shard name(s) {clash} (e.g. part.parquet in two folders); "
+                         "rename them or list one folder per run in corpus.paths")
+
+
 def shard_name(path: str | Path) -> str:
     """The name a corpus file's shards take in every stage: its file name without extensions."""
     name = file_name(path)

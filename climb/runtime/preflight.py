@@ -36,7 +36,7 @@ from pathlib import Path
 
 from climb.config import RunConfig
 from climb.io.errors import InputError
-from climb.io.files import is_url, peek, resolve_corpus_files, shard_name
+from climb.io.files import check_shard_names, is_url, peek, resolve_corpus_files
 
 log = logging.getLogger(__name__)
 SAMPLE = 200  # records read of each file a check looks into
@@ -113,11 +113,7 @@ def check_corpus(cfg: RunConfig, run_dir: Path) -> None:
     if twice:
         raise InputError(f"corpus.paths: {twice[0]} is matched by more than one of its patterns; "
                          "list each file once")
-    names = [shard_name(f) for f in files]
-    clash = sorted({n for n in names if names.count(n) > 1})
-    if clash:
-        raise InputError(f"corpus files share the shard name(s) {clash} (e.g. part.parquet in two folders); "
-                         "rename them or list one folder per run in corpus.paths")
+    check_shard_names(files)
     empty = []
     for f in files[:FILES]:
         fields, rows, values = peek(f, [corpus.text_column] + ([corpus.id_column] if corpus.id_column else []),

@@ -28,8 +28,8 @@ import pyarrow as pa
 from tqdm.auto import tqdm
 
 from climb.config import CorpusConfig, EmbedConfig, RunConfig, digest, without
-from climb.io.files import (InputError, file_name, fingerprint, is_url, read_documents, shard_name,
-                            write_npy, write_parquet)
+from climb.io.files import (InputError, check_shard_names, file_name, fingerprint, is_url, read_documents,
+                            shard_name, write_npy, write_parquet)
 from climb.runtime.device import resolve_device, resolve_dtype
 from climb.runtime.stage import execute, older_key
 from climb.runtime.layout import EmbedOutputs, RunPaths
@@ -299,11 +299,7 @@ def resolved(cfg: RunConfig, files: list[Path | str]) -> RunConfig:
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
     files = paths.corpus_files(cfg)
     cfg = resolved(cfg, files)
-    names = [shard_name(f) for f in files]
-    if len(set(names)) != len(names):
-        clash = sorted({n for n in names if names.count(n) > 1})
-        raise InputError(f"corpus files share the shard name(s) {clash} (e.g. part.parquet in two folders); "
-                         "rename them or list one folder per run in corpus.paths")
+    check_shard_names(files)
     k = key(cfg, paths, files)
     # Keys of older run folders: by path and time (before content keys), or with every [embed] field.
     older = tuple(o for o in (older_key(paths, "embed", lambda: key(cfg, paths, files, True)),
