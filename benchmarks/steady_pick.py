@@ -48,6 +48,9 @@ ARMS = {
     # The region, not the pick, moves the answer: the same 28 proxies, half of them spent on a
     # first round twice as wide, before the predictor steers.
     "wide": ["search.experts=0", "search.iterations=[16,8,4]", f"search.eval_seeds={EVAL_SEEDS}"],
+    # The wide first round still missed the tech clusters on a seed: half of the pool (so half of
+    # the first round) drawn around the clusters the target's documents read like.
+    "target": DEFAULT_SETS + ["search.target_prior=0.5"],
 }
 PRESETS = {
     "tech": {"config": "pipelines/demo.toml", "sets": [], "known_answer": True},

@@ -117,6 +117,9 @@ def check_config(cfg: RunConfig) -> None:
     if not cfg.search.concentrations or not all(c > 0 for c in cfg.search.concentrations):
         raise ConfigError("search.concentrations must be a non-empty list of positive Dirichlet concentrations, "
                           f"e.g. [0.1, 0.3, 1.0]; got {list(cfg.search.concentrations)}")
+    if not 0 <= cfg.search.target_prior <= 1:
+        raise ConfigError(f"search.target_prior is the share of the candidate pool drawn around the clusters the "
+                          f"target reads like, in [0, 1]; got {cfg.search.target_prior}")
     if not cfg.search.temperature >= 0:
         raise ConfigError(f"search.temperature must be >= 0 (0: around uniform, 1: around the token shares), "
                           f"got {cfg.search.temperature}")

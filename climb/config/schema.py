@@ -301,6 +301,10 @@ class SearchConfig:
     # #clusters). Low values give sparse mixtures that explore far from the prior.
     temperature: float = 0.5
     concentrations: tuple[float, ...] = (0.1, 0.3, 1.0)
+    # This share of the candidate pool (so of the first, random round) is drawn around the
+    # clusters the target's documents read most like (search/affinity.json) blended with
+    # the natural shares; the rest as above. 0: the natural shares alone.
+    target_prior: float = 0.0
     # No cluster may be repeated more than this many epochs at the export budget.
     epoch_cap: float = 4.0
     # Weights below this are zeroed (and the rest renormalised).
@@ -605,7 +609,7 @@ ADDED_FIELDS = {
     "RunConfig": ("dedup", "tokenize"),
     "EmbedConfig": ("tune_sample", "store_dtype", "student"),
     "ClusterConfig": ("refit",),
-    "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens", "final_kl", "steadiness_boot"),
+    "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens", "final_kl", "steadiness_boot", "target_prior"),
     "TargetConfig": ("lm_eval", "lm_eval_include", "contamination", "decontaminate"),
     "ExportConfig": ("format", "eod"),
 }

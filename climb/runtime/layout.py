@@ -146,6 +146,10 @@ class SearchOutputs:
         return self.dir / "comparison.json"
 
     @property
+    def affinity(self) -> Path:  # which clusters read like the target (search.target_prior)
+        return self.dir / "affinity.json"
+
+    @property
     def contamination(self) -> Path:  # the target's n-grams found in the token store (search.contamination)
         return self.dir / "contamination.json"
 

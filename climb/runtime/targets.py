@@ -44,6 +44,19 @@ def load_target(target_cfg: TargetConfig, run_dir: Path) -> dict:
     return _CACHE[key]
 
 
+def target_pieces(target: dict) -> list[str]:
+    """The target's documents as text: held-out texts, and every task item's query and gold
+    continuation (a cloze item's context and continuation)."""
+    pieces = list(target["texts"])
+    for items in target["tasks"].values():
+        for it in items:
+            if "choices" in it:
+                pieces.append(it["query"] + " " + it["choices"][it["gold"]])
+            else:
+                pieces.append(it["context"] + it["continuation"])
+    return pieces
+
+
 def _task_items(name: str, path: str) -> list[dict]:
     from proxies.evaluate import load_tasks, parse_tasks
     if not is_url(path):

@@ -120,6 +120,10 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     feature_name = "merged models' objective" if search_cfg.merge else "experts' ensemble loss"
     results_log.repair(paths.search.results)
     space = mixture_space(cfg, cluster_tokens(paths))
+    if search_cfg.target_prior and fixed_candidates(cfg, space) is None:
+        from climb.stages.search.affinity import target_affinity
+        aff = target_affinity(cfg, paths, space["usable"])
+        space["target"] = np.asarray(aff["share"]) if aff else None
     from climb.stages.tokenize.contamination import check as contamination_check
     from climb.stages.tokenize.contamination import leaning
     from climb.stages.tokenize.contamination import warning as contamination_warning

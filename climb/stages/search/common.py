@@ -46,14 +46,30 @@ def append(paths: RunPaths, rec: dict) -> None:
 
 
 def candidate_pool(cfg: RunConfig, space: dict, n: int, seed: int) -> np.ndarray:
-    """n distinct Dirichlet mixtures around the natural shares, as search.* configures them."""
-    from climb.optimize.candidates import sample_candidates
+    """n distinct Dirichlet mixtures around the natural shares, as search.* configures them.
+
+    With `search.target_prior` > 0 and the target's affinity in `space["target"]`
+    (climb/stages/search/affinity.py), that share of them is drawn around the affinity blended
+    with the natural shares instead; the two parts are shuffled together."""
+    from climb.optimize.candidates import dedupe, sample_candidates
+    from climb.stages.search.affinity import pool_prior
     search_cfg = cfg.search
     k = len(space["natural"])
-    return sample_candidates(space["natural"], n, np.random.default_rng(seed),
-                             concentrations=tuple(c * k for c in search_cfg.concentrations),
-                             temperature=search_cfg.temperature, min_weight=search_cfg.min_weight,
-                             max_weight=space["max_weight"])
+    rng = np.random.default_rng(seed)
+
+    def draw(prior, m: int, temperature: float) -> np.ndarray:
+        return sample_candidates(prior, m, rng, concentrations=tuple(c * k for c in search_cfg.concentrations),
+                                 temperature=temperature, min_weight=search_cfg.min_weight,
+                                 max_weight=space["max_weight"])
+    share = space.get("target")
+    frac = search_cfg.target_prior if share is not None else 0.0
+    if not frac:
+        return draw(space["natural"], n, search_cfg.temperature)
+    n_t = int(round(frac * n))
+    parts = [draw(pool_prior(space["natural"], search_cfg.temperature, np.asarray(share)), n_t, 1.0),
+             draw(space["natural"], n - n_t, search_cfg.temperature)]
+    W = np.vstack([p for p in parts if len(p)])
+    return dedupe(W[rng.permutation(len(W))], 1e-3)[:n]
 
 
 def fixed_candidates(cfg: RunConfig, space: dict) -> np.ndarray | None:

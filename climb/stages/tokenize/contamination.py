@@ -48,13 +48,8 @@ def ngram_hashes(ids: np.ndarray, n: int, eos: int | None = None) -> np.ndarray:
 def target_ngrams(texts: list[str], tasks: dict[str, list[dict]], tok, n: int) -> np.ndarray:
     """Sorted unique n-gram hashes of the held-out texts and of every task item's query and gold
     continuation (a cloze item's context and continuation), in the proxies' tokens."""
-    pieces = list(texts)
-    for items in tasks.values():
-        for it in items:
-            if "choices" in it:
-                pieces.append(it["query"] + " " + it["choices"][it["gold"]])
-            else:
-                pieces.append(it["context"] + it["continuation"])
+    from climb.runtime.targets import target_pieces
+    pieces = target_pieces({"texts": texts, "tasks": tasks})
     hashes = [ngram_hashes(np.asarray(ids, np.int64), n) for ids in tok.encode_batch(pieces)]
     return np.unique(np.concatenate(hashes)) if hashes else np.zeros(0, np.uint64)
 
