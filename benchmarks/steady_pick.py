@@ -148,12 +148,12 @@ RULES = {
 }
 
 
-def run_config(preset: str, seed: int, rule: str = "seen"):
+def run_config(preset: str, seed: int, rule: str = "seen", arm: str = "default"):
     """The config a recorded run searched under, with `rule`'s final settings."""
     from climb.config import load_config
     p = PRESETS[preset]
     base = names(preset)
-    sets = [x.replace("{run}", str(base)) for x in p["sets"]] + [f"search.seed={seed}"] + DEFAULT_SETS
+    sets = [x.replace("{run}", str(base)) for x in p["sets"]] + [f"search.seed={seed}"] + ARMS[arm]
     sets += [f"{k}={json.dumps(v)}" for k, v in RULES[rule].items()]
     return load_config(REPO / p["config"], sets)
 
@@ -167,6 +167,48 @@ def replay_pick(preset: str, rec: dict, rule: str) -> dict:
     space = mixture_space(cfg, cluster_tokens(RunPaths(names(preset))))
     pick = final_mixture(cfg, space, rec["swarm"])
     return {"weights": pick["weights"], "predicted": pick["predicted"], "steadiness": pick.get("steadiness")}
+
+
+def figure(preset: str, seeds: list[int], arm: str, out: str | None) -> dict:
+    """Each recorded run's own steadiness figures, made again from its record (the pick and the
+    posterior regret the predictor allows it, climb.optimize.pick.posterior_regret; the bootstrap
+    pick_sd), against the seed-to-seed sd of the found objective: the figure should be within a
+    factor of 2 of that sd (issue 49, step 3)."""
+    import numpy as np
+
+    from climb.runtime.layout import RunPaths
+    from climb.stages.search.common import final_mixture, mixture_space
+    from climb.stages.tokenize import cluster_tokens
+    rows = []
+    for s in seeds:
+        f = RECORDS / f"g49{preset}_{arm}_s{s}.json"
+        if not f.exists():
+            continue
+        rec = json.loads(f.read_text())
+        cfg = run_config(preset, s, arm=arm)
+        paths = RunPaths(names(preset))
+        space = mixture_space(cfg, cluster_tokens(paths))
+        if cfg.search.target_prior:
+            from climb.stages.search.affinity import target_affinity
+            space["target"] = np.asarray(target_affinity(cfg, paths, space["usable"], write=False)["share"])
+        pick = final_mixture(cfg, space, rec["swarm"])
+        if not np.allclose(pick["weights"], rec["mixtures"]["weights"], atol=1e-6):
+            raise SystemExit(f"seed {s}: the replayed pick is not the recorded one; the record's search differs")
+        st = pick["steadiness"]
+        rows.append({"seed": s, "found": rec["score"], "posterior_spread": st["posterior_spread"],
+                     "posterior_regret": st["posterior_regret"], "pick_sd": st["pick_sd"]})
+        print(f"seed {s}: found {rec['score']:.4f}, posterior spread {st['posterior_spread']:.4f}, regret "
+              f"{st['posterior_regret']:.4f}, bootstrap pick_sd {st['pick_sd']:.4f}", flush=True)
+    sd = float(np.std([r["found"] for r in rows], ddof=1))
+    rms = {k: float(np.sqrt(np.mean([r[k] ** 2 for r in rows]))) for k in ("posterior_spread", "posterior_regret",
+                                                                        "pick_sd")}
+    obj = {"preset": preset, "arm": arm, "seeds": [r["seed"] for r in rows], "per_seed": rows, "found_sd": sd,
+           "rms": rms, "ratio": {k: v / sd for k, v in rms.items()},
+           "within_2x": {k: 0.5 <= v / sd <= 2.0 for k, v in rms.items()}}
+    print(json.dumps({k: v for k, v in obj.items() if k != "per_seed"}, indent=1))
+    if out:
+        write_result(out, obj)
+    return obj
 
 
 def replay(preset: str, seeds: list[int], rules: list[str]) -> None:
@@ -358,8 +400,8 @@ def judge(preset: str, seeds: list[int], arm: str, out: str | None) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("verb", choices=["train", "replay", "decompose", "spread", "judge"])
-    ap.add_argument("--arm", choices=list(ARMS), default="default", help="train / judge: which search")
+    ap.add_argument("verb", choices=["train", "replay", "decompose", "spread", "judge", "figure"])
+    ap.add_argument("--arm", choices=list(ARMS), default="default", help="train / judge / figure: which search")
     ap.add_argument("--records", default="g49{preset}_default_s{seed}",
                     help="spread: the record names, e.g. g32tech_default_s{seed} for issue 32's runs")
     ap.add_argument("--preset", choices=list(PRESETS), default="tech")
@@ -372,6 +414,8 @@ def main(argv=None) -> None:
         train(a.preset, a.seeds, a.arm)
     elif a.verb == "judge":
         judge(a.preset, a.seeds, a.arm, a.json)
+    elif a.verb == "figure":
+        figure(a.preset, a.seeds, a.arm, a.json)
     elif a.verb == "spread":
         recs = [json.loads(f.read_text()) for f in (RECORDS / (a.records.format(preset=a.preset, seed=s) + ".json")
                                                      for s in a.seeds) if f.exists()]

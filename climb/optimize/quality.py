@@ -36,6 +36,9 @@ MIN_SNR = 2.0
 # Above this multiple of the paired seed noise, the bootstrap spread of the pick (pick_sd) is
 # called unsteady: resampling the run's own proxies moves its answer more than one proxy's noise.
 MAX_PICK_NOISE = 1.0
+# Above this share of the smallest resolved gain over a baseline, the posterior spread of the
+# pick's regret (posterior_spread) is said to leave the answer to the search seed.
+MAX_SPREAD_OF_GAIN = 0.1
 
 
 def noise(table) -> dict:
@@ -200,6 +203,14 @@ def warnings(q: dict) -> list[str]:
                    f"sd {st['pick_sd']:.4f}, {st['pick_sd'] / noise:.1f}x the proxies' paired seed noise (want <= "
                    f"{MAX_PICK_NOISE:g}x), so another search seed may well find another answer; train more "
                    "proxies (search.iterations) or pick from the predictor (search.final, search.final_top_k)")
+    gains = [abs(c["diff"]) for c in (q.get("comparison") or {}).values()
+             if c.get("verdict") == "better" and c.get("diff") is not None]
+    spread = st.get("posterior_spread")
+    if spread is not None and gains and spread > MAX_SPREAD_OF_GAIN * min(gains):
+        out.append(f"the answer may move with the search seed: under the predictor's posterior the best mixture "
+                   f"is {st['posterior_regret']:.4f} better than this pick on average (sd {spread:.4f}), more than "
+                   f"{MAX_SPREAD_OF_GAIN:.0%} of the smallest gain over a baseline ({min(gains):.4f}); another seed "
+                   "may find a mixture that much apart (docs/trust.md)")
     for name, c in (q.get("comparison") or {}).items():
         if c.get("verdict") == "not resolved":
             out.append(f"not resolved against {name}: the 95% interval of the difference spans zero with "

@@ -169,7 +169,8 @@ def final_pick(X_seen, y_seen, goal: str, pool: np.ndarray, strategy: Strategy, 
     """The chosen mixture: weights, the predictor's value for it, and the predictor's name.
 
     `steadiness` > 0: also the pick made again on that many bootstrap resamples of the results
-    (climb.optimize.pick.steadiness), each scored by the predictor fitted on all of them.
+    (climb.optimize.pick.steadiness), each scored by the predictor fitted on all of them, and the
+    regret the predictor's posterior still allows the pick (climb.optimize.pick.posterior_regret).
     """
     X_seen, y_seen = np.asarray(X_seen, float), np.asarray(y_seen, float)
     model = _fit(strategy, X_seen, y_seen, seed)
@@ -181,6 +182,8 @@ def final_pick(X_seen, y_seen, goal: str, pool: np.ndarray, strategy: Strategy, 
         out["steadiness"] = boot(
             lambda Xb, yb: pick_weights(Xb, yb, goal, pool, strategy, _fit(strategy, Xb, yb, seed), bounds, natural),
             X_seen, y_seen, goal, model.predict, n_boot=steadiness, seed=seed)
+        from climb.optimize.pick import posterior_regret
+        out["steadiness"].update(posterior_regret(model, X_seen, y_seen, w, pool, goal, seed=seed))
     return out
 
 

@@ -206,6 +206,10 @@ def quality_lines(q: dict) -> str:
         lines.append(f"- steadiness of the pick: on {st['n_boot']} bootstrap resamples of this run's proxies its "
                      f"predicted objective has sd {st['pick_sd']:.4f} (range {st['pick_range'][0]:.4f} - "
                      f"{st['pick_range'][1]:.4f}; the resampled picks lie {st['pick_l1']:.2f} apart in L1 on average)")
+    if st.get("posterior_spread") is not None:
+        lines.append(f"- how far another search seed's answer may fall: under the predictor's posterior the best "
+                     f"mixture is {st['posterior_regret']:.4f} better than this pick on average, sd "
+                     f"{st['posterior_spread']:.4f} (regions this run never measured included)")
     lines += [f"- **warning**: {w}" for w in q.get("warnings", [])]
     return "\n".join(lines)
 

@@ -41,8 +41,9 @@ def unigram_affinity(cluster_counts: np.ndarray, docs: list, usable: np.ndarray,
     return {"share": share.tolist(), "docs": n}
 
 
-def target_affinity(cfg, paths, usable: np.ndarray) -> dict | None:
-    """The run's target affinity (search/affinity.json); None where the target has no text here."""
+def target_affinity(cfg, paths, usable: np.ndarray, write: bool = True) -> dict | None:
+    """The run's target affinity (kept in search/affinity.json unless `write` is false); None where
+    the target has no text here."""
     from climb.io.files import InputError, write_json
     from climb.runtime.proxy_runs import tokenizer_of
     from climb.runtime.targets import load_target, target_pieces
@@ -68,7 +69,8 @@ def target_affinity(cfg, paths, usable: np.ndarray) -> dict | None:
             head = store.head(c, read)
             counts[c] = np.bincount(np.asarray(head[0:len(head)], np.int64), minlength=vocab)[:vocab]
     out = unigram_affinity(counts, tok.encode_batch(pieces), usable)
-    write_json(paths.search.affinity, out)
+    if write:
+        write_json(paths.search.affinity, out)
     top = np.argsort(out["share"])[::-1][:3]
     log.info("target affinity: the target's %d documents read most like clusters %s", out["docs"],
              ", ".join(f"{c} ({out['share'][c]:.0%})" for c in top if out["share"][c] > 0))
