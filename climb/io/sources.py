@@ -2,9 +2,10 @@
 
 A document's source is the value of `corpus.source_column`, or, where no column is
 named, the corpus file it came from (its shard name, `climb.io.files.shard_name`).
-A Parquet file is read for that column alone; other files are streamed as
-`read_documents` streams them, the column beside the text. A document whose
-column is null has the source `MISSING`.
+A Parquet file is read for that column alone (with the text as well only where some
+of its rows are empty documents, which every stage skips: the text tells which);
+other files are streamed as `read_documents` streams them, the column beside the
+text. A document whose column is null has the source `MISSING`.
 
     from climb.io.sources import corpus_source_names
     corpus_source_names(cfg, files)   # ['books', 'code', 'web']
