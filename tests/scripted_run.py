@@ -32,13 +32,14 @@ def notes(control: Path) -> list[dict]:
     return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
 
 
-def prepare(tmp_path: Path, monkeypatch, *extra: str, docs: list[dict] | None = None):
-    """(cfg, paths, config file, control file) of a run folder embedded and clustered."""
+def prepare(tmp_path: Path, monkeypatch, *extra: str, docs: list[dict] | None = None, columns: tuple[str, ...] = ()):
+    """(cfg, paths, config file, control file) of a run folder embedded and clustered; `columns`:
+    the docs' fields written beside id and text."""
     import climb.stages.embed
     from climb import pipeline
     from climb.config import load_config, to_toml
     from climb.runtime.layout import RunPaths
-    write_parquet_shards(tmp_path / "corpus", docs or vocab_docs(40), 2)
+    write_parquet_shards(tmp_path / "corpus", docs or vocab_docs(40), 2, columns)
     control = tmp_path / "control.json"
     target = tmp_path / "scripted_target.jsonl"  # the scripted trainer never reads it; preflight checks it exists
     target.write_text(json.dumps({"text": "held-out words"}) + "\n")

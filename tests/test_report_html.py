@@ -96,11 +96,13 @@ def test_index_html_is_report_md_self_contained(report_dir):
 
     # The same headings in the same order, and every table in a wrapper that scrolls.
     md_headings = [(f"h{len(m[1])}", m[2]) for m in re.finditer(r"^(#+) (.*)$", page, re.M)]
-    # ... Clusters, Duplicates, Contamination (the run has a target text, so the search scanned for it)
-    assert [t for t, _ in md_headings] == ["h1"] + ["h2"] * 7 and md_headings[-1][1] == "Contamination"
+    # ... By source (the corpus files), Clusters, Duplicates, Contamination (the run has a target text, so
+    # the search scanned for it)
+    assert [t for t, _ in md_headings] == ["h1"] + ["h2"] * 8 and md_headings[-1][1] == "Contamination"
+    assert "By source" in [h for _, h in md_headings]
     assert parsed.headings == md_headings
     n_tables = len(re.findall(r"^\| --- \|", page, re.M))
-    assert n_tables == 4 and text.count("<table>") == n_tables == text.count('<div class="table">\n<table>')
+    assert n_tables == 5 and text.count("<table>") == n_tables == text.count('<div class="table">\n<table>')
 
     # The corpus's HTML is text: escaped, never a tag.
     assert SCRIPT in page and IMG in page  # report.md has the terms as they are

@@ -38,6 +38,11 @@ class CorpusConfig:
     max_shards: int = 0
     # Documents per record batch while streaming.
     batch_rows: int = 2048
+    # The column naming each document's source (web, code, books ...): the mixture is shown by
+    # source beside its clusters (search/sources.json, the report, the export's card). "": a
+    # document's source is the corpus file it came from (its shard name). Read by the search
+    # (only this column), never by embed, cluster or tokenize: setting it re-runs the search alone.
+    source_column: str = ""
 
 
 # The stages in the order they run.
@@ -607,6 +612,7 @@ def to_toml(cfg: RunConfig) -> str:
 # stages keep theirs.
 ADDED_FIELDS = {
     "RunConfig": ("dedup", "tokenize"),
+    "CorpusConfig": ("source_column",),
     "EmbedConfig": ("tune_sample", "store_dtype", "student"),
     "ClusterConfig": ("refit",),
     "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens", "final_kl", "steadiness_boot", "target_prior"),

@@ -102,6 +102,10 @@ class SearchOutputs:
         return self.dir / "mixture.json"
 
     @property
+    def sources(self) -> Path:  # each source's tokens and share in each cluster (climb.stages.search.sources)
+        return self.dir / "sources.json"
+
+    @property
     def replicates(self) -> Path:
         return self.dir / "replicates.json"
 

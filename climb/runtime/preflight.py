@@ -130,6 +130,10 @@ def check_corpus(cfg: RunConfig, run_dir: Path) -> None:
             raise InputError(f"{f}: the {corpus.text_column!r} field (corpus.text_column) of {_records(rows)} "
                              f"holds {type(texts[0]).__name__} values, not text; set corpus.text_column to the "
                              f"field holding the text{_example('corpus.text_column', fields)}")
+        if corpus.source_column and corpus.source_column not in fields:
+            raise InputError(f"{f}: {_none_have(rows, corpus.source_column, 'corpus.source_column', fields)}; set "
+                             "corpus.source_column to the field naming each document's source, or to \"\" to use "
+                             "the corpus files as sources")
         if not corpus.id_column:
             continue
         have = sum(v is not None for v in values.get(corpus.id_column, ()))

@@ -30,7 +30,8 @@ Output, under `<run>/export/`, by `export.format` ("parquet", the default; "mega
   corpus file's name (`part-00000-000.parquet` for the corpus's `part-00000.parquet`)
 - `megatron/cluster_XXXXX.{bin,idx}`: one Megatron indexed dataset per cluster, in the
   trainer's token ids (megatron; climb.stages.export.megatron)
-- `mixture.json`: weights per cluster, realised tokens, files
+- `mixture.json`: weights per cluster, realised tokens, files, and the mixture by source
+  (`by_source`: each source's tokens and share in the export, and the share the weights asked for)
 - `megatron_blend.txt`: `w1 prefix1 w2 prefix2 ...` for Megatron-LM's `--data-path`,
   the weights realised in the trainer's tokens (megatron)
 - `interleave.json`: file lists, row probabilities that realise the token weights, and
@@ -305,8 +306,11 @@ def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: 
         rels += [f"megatron/cluster_{c:05d}{ext}" for c in prefixes for ext in (".bin", ".idx")]
     if dest:  # the blend files name the shards where they are
         by_cluster = {c: [join(dest, f) for f in fs] for c, fs in by_cluster.items()}
-    blends = _blend_files(w, real_w, plan, by_cluster, prefixes)
     stats = _stats(cfg, w, real_w, plan, by_cluster, dest)
+    sources = _by_source(cfg, paths, w, plan)
+    if sources is not None:
+        stats["by_source"] = sources
+    blends = _blend_files(w, real_w, plan, by_cluster, prefixes, sources)
     if megatron:
         stats["megatron"] = {**export_megatron.stats_of(prefixes, paths.export.dir, dest), "dtype": trainer["dtype"],
                              "eod": trainer["eod"]}
@@ -364,14 +368,15 @@ def _shard_tasks(cfg: RunConfig, paths: RunPaths, plan: dict, dest: str | None,
 
 
 def _blend_files(w: np.ndarray, real_w: np.ndarray, plan: dict, by_cluster: dict[int, list[str]],
-                 prefixes: dict[int, str] | None = None) -> dict[str, str]:
+                 prefixes: dict[int, str] | None = None, sources: dict | None = None) -> dict[str, str]:
     """mixture.json, and interleave.json (Parquet) and megatron_blend.txt (Megatron), as text."""
     mixture = {"weights": w.tolist(), "realised_weights": real_w.tolist(), "token_budget": plan["budget"],
                **({"unit": plan["unit"]} if plan.get("unit") else {}),
                "tokens": int(sum(c["tokens"] for c in plan["selection"]["clusters"])), **plan["selection"],
                "rows": cluster_rows(plan).tolist(),
                "files": {str(c): fs for c, fs in sorted(by_cluster.items())},
-               **({"megatron": {str(c): p for c, p in sorted(prefixes.items())}} if prefixes else {})}
+               **({"megatron": {str(c): p for c, p in sorted(prefixes.items())}} if prefixes else {}),
+               **({"by_source": sources} if sources is not None else {})}
     out = {"mixture.json": strict_json(mixture, indent=2) + "\n"}
     if by_cluster:
         clusters = sorted(by_cluster)
@@ -387,6 +392,38 @@ def _blend_files(w: np.ndarray, real_w: np.ndarray, plan: dict, by_cluster: dict
         out["interleave.json"] = strict_json(interleave, indent=2) + "\n"
     if prefixes:
         out["megatron_blend.txt"] = export_megatron.blend_text(real_w, prefixes)
+    return out
+
+
+def _by_source(cfg: RunConfig, paths: RunPaths, w: np.ndarray, plan: dict) -> dict | None:
+    """The exported mixture by source: {"names", "tokens": each source's tokens in the export (in
+    the budget's unit, counted from the plan: every copy of a document, a cut one's kept part),
+    "realised_weights": their shares, "weights": the shares the weights asked for (by the search's
+    shares of each source in each cluster; absent where those are not known)}. None where the
+    sources cannot be read (climb.stages.search.sources)."""
+    from climb.stages.search.sources import by_source, load_source_shares, shard_sources
+    from proxies.tokens import TokenStore
+    store, files = TokenStore(paths.tokenize.store), paths.shard_files(cfg)
+    taken: dict[str, int] = {}
+    try:
+        for s in plan["shards"]:
+            copies_file, _, cut_file = paths.export.plan(s)
+            copies, cut = np.load(copies_file), np.load(cut_file)
+            _, sizes, _ = export_plan._shard_docs(paths, store, s, cfg.export.tokenizer)
+            names, codes = shard_sources(cfg, s, files[s], len(copies))
+            tokens = copies * sizes - np.where(cut > 0, sizes - cut, 0)
+            for name, n in zip(names, np.bincount(codes, weights=tokens, minlength=len(names))):
+                taken[name] = taken.get(name, 0) + int(round(n))
+    except (InputError, OSError, KeyError) as e:
+        log.info("export: the mixture by source is left out: %s", e)
+        return None
+    names = sorted(taken)
+    total = sum(taken.values())
+    out = {"names": names, "tokens": [taken[n] for n in names],
+           "realised_weights": [taken[n] / total if total else 0.0 for n in names]}
+    shares = load_source_shares(cfg, paths)
+    if shares is not None and sorted(shares["names"]) == names:
+        out["weights"] = by_source(shares, {"w": w})["w"]
     return out
 
 

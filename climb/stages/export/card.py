@@ -3,10 +3,10 @@
 Its YAML header declares the data files (a `default` config with every row, and
 one config per cluster), so `datasets.load_dataset(<export folder>)` reads it as
 it is, here or once pushed to the Hub; the body says which mixture it is (the
-table of clusters with their top terms, sizes, weights and epochs), how it was
-found (config digest, proxies trained, the comparison's verdicts with their
-intervals, the validation when it has run) and how a trainer reads it (the blend
-files). With `export.destination` the card goes with the data.
+table of clusters with their top terms, sizes, weights and epochs, and the mixture
+by source), how it was found (config digest, proxies trained, the comparison's
+verdicts with their intervals, the validation when it has run) and how a trainer
+reads it (the blend files). With `export.destination` the card goes with the data.
 """
 from __future__ import annotations
 
@@ -50,6 +50,22 @@ def _cell(text: str) -> str:
 def _target(cfg: RunConfig) -> str:
     parts = [f"`{t}`" for t in cfg.target.texts] + [f"`{k}`" for k in cfg.target.tasks]
     return ", ".join(parts) or "(no target data)"
+
+
+def _sources_section(by: dict | None, unit: str) -> str:
+    """The mixture by source: each source's share of the weights asked for and of the rows written."""
+    if not by:
+        return ""
+    asked = by.get("weights")
+    rows = "\n".join(f"| {_cell(name)} | {f'{asked[j]:.4f}' if asked else 'n/a'} | {by['realised_weights'][j]:.4f} | "
+                     f"{by['tokens'][j]:,} |" for j, name in enumerate(by["names"]))
+    return f"""
+### By source
+
+| source | weight | realised weight | {unit} |
+| --- | --- | --- | --- |
+{rows}
+"""
 
 
 def card(cfg: RunConfig, paths: RunPaths, w: np.ndarray, real_w: np.ndarray, plan: dict,
@@ -107,6 +123,7 @@ def card(cfg: RunConfig, paths: RunPaths, w: np.ndarray, real_w: np.ndarray, pla
                        f"(`megatron/cluster_XXXXX.bin` / `.idx`, {megatron['dtype']} token ids of "
                        f"`{cfg.export.tokenizer}`, every document ending in token {megatron['eod']})")
     use = "; ".join(readers + ["`mixture.json` for everything the export did"])
+    sources = _sources_section(stats.get("by_source"), unit)
     return f"""{_yaml(cfg.name, stats['rows'], sorted(by_cluster))}
 
 # climb mixture: {cfg.name}
@@ -122,7 +139,7 @@ training.
 | cluster | top terms | documents in the corpus | weight | realised weight | {unit} | epochs |
 | --- | --- | --- | --- | --- | --- | --- |
 {rows}
-
+{sources}
 ## How it was found
 
 {chr(10).join(how)}{found}{transfer}

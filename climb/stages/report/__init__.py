@@ -5,7 +5,8 @@ Writes: `<run>/report/`: `report.md`, `index.html`, PNG figures and `summary.jso
 
 Plots: cluster sizes, a 2-D map of the clusters (PCA of their centroids,
 sized by documents), objective by iteration, predicted vs measured, and the
-final weights against the natural token shares. The page ends with the
+final weights against the natural token shares, with the mixture by source beside
+them (climb.stages.search.sources) and each cluster's main sources in its table. The page ends with the
 comparison table (found mixture vs uniform vs natural, each the mean of fresh
 proxies trained with seeds the search never used), which is also printed and
 written as `report/summary.json`. When the validate stage has run, a "Does it
@@ -378,6 +379,29 @@ def page_html(page: str, folder: Path, title: str) -> str:
         ""])
 
 
+def _cell(text: str) -> str:
+    """Corpus words (a source's name) in a Markdown table cell: no pipes."""
+    return text.replace("|", "/")
+
+
+def by_source_table(by: dict) -> str:
+    """The found, natural and uniform mixtures by source as a Markdown table."""
+    lines = ["| source | natural | found | uniform |", "| --- | --- | --- | --- |"]
+    lines += [f"| {_cell(name)} | {by['natural'][j]:.3f} | {by['climb'][j]:.3f} | {by['uniform'][j]:.3f} |"
+              for j, name in enumerate(by["names"])]
+    return "\n".join(lines)
+
+
+def _by_source_section(summary: dict) -> str:
+    """The report's mixture by source (each source's share of the tokens), where the sources are known."""
+    by = summary.get("by_source")
+    if not by:
+        return ""
+    return ("\n## By source\n\nEach source's share of the tokens of the found mixture, the natural one (the "
+            "corpus as it is) and the uniform one; the clusters' own sources are in the table of clusters "
+            "below.\n\n" + by_source_table(by) + "\n")
+
+
 def _duplicates_section(paths: RunPaths) -> str:
     """The report's duplicates and drift, where the run has them (climb.stages.cluster.dedup, cluster)."""
     from climb.stages.search.summary import duplicates, duplicates_table
@@ -467,8 +491,10 @@ def _report(cfg: RunConfig, paths: RunPaths, validation: dict | None, out: Path)
             ("![transfer](transfer.png)\n\n" if fig else "")
     write_json(paths.report.summary, summary)
     w, nat = np.array(mix["weights"]), np.array(mix["natural"])
+    from climb.stages.search.sources import load_source_shares, main_sources
+    shares = load_source_shares(cfg, paths)
     rows = "\n".join(f"| {c['cluster']} | {c['docs']} | {nat[i]:.3f} | {w[i]:.3f} | {', '.join(c['top_terms'][:6])} |"
-                     for i, c in enumerate(clusters))
+                     + (f" {_cell(main_sources(shares, i))} |" if shares else "") for i, c in enumerate(clusters))
     page = f"""# climb report: {cfg.name}
 
 Target: **{name}**, goal **{cfg.target.goal}**. {len(results)} search proxies over
@@ -494,7 +520,7 @@ Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy see
 {mix['best_seen']['objective']:.4f} ({mix['best_seen']['mixture_id']}).
 
 ![weights](weights.png)
-
+{_by_source_section(summary)}
 {transfer}## Search
 
 ![score by iteration](score_by_iteration.png)
@@ -506,8 +532,8 @@ Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy see
 
 ## Clusters
 
-| cluster | docs | natural | found | top terms |
-| --- | --- | --- | --- | --- |
+| cluster | docs | natural | found | top terms |{" main sources |" if shares else ""}
+| --- | --- | --- | --- | --- |{" --- |" if shares else ""}
 {rows}
 
 ![sizes](cluster_sizes.png)

@@ -1,12 +1,13 @@
 """Stage 4, search: the CLIMB loop over cluster mixtures.
 
-Reads: `<run>/tokenize/` (the token store the proxies train on), `<run>/cluster/clusters.json`
-and the target.
+Reads: `<run>/tokenize/` (the token store the proxies train on), `<run>/cluster/clusters.json`,
+the target, and the corpus's `corpus.source_column` alone (where set).
 Writes: `<run>/search/`: `results.jsonl`, `plan_<i>.json`, `mixture.json`, `comparison.json`,
-`quality.json`, `contamination.json`, the swarm as CSV.
+`quality.json`, `contamination.json`, `sources.json`, the swarm as CSV.
 Rooms: `common` (the pool, proxies, final mixture), `cheap` (experts, shared base, merged
 models), `compare` (the paired comparison), `summary` (what a finished search found, for the
-report and the export's card); the pick itself is climb/optimize/pick.py.
+report and the export's card), `sources` (each source's share of each cluster, and the
+mixture by source); the pick itself is climb/optimize/pick.py.
 
 Proxies train on the tokenize stage's per-cluster token store.
 
@@ -56,6 +57,7 @@ from climb.stages.search.cheap import (experts_feature, experts_skill, halving, 
 from climb.stages.search.common import (append, candidate_pool, final_mixture, fixed_candidates, mixture_space,
                                         ok_sorted, pool_size, proxy_task, read_results, run_proxies)
 from climb.stages.search.compare import compare, comparison_table, one_shot, replicates
+from climb.stages.search.sources import by_source, write_source_shares
 from climb.stages.tokenize import cluster_tokens
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,8 @@ def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False) -> str:
     parts = [upstream_key(paths, "tokenize"), *short_of(paths, cfg.proxy.read_cap()),
              without(cfg.proxy, "timeout_s", "curve_points", "curve_evals"),
              cfg.target, without(cfg.search, "retry_failed"), cfg.export.token_budget]
+    if cfg.corpus.source_column:  # unset, a run folder made before it keeps its key
+        parts.append({"source_column": cfg.corpus.source_column})
     return digest(*parts) if legacy else digest(*parts, target_files(cfg.target, paths.root, paths.digests))
 
 
@@ -120,6 +124,8 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     feature_name = "merged models' objective" if search_cfg.merge else "experts' ensemble loss"
     results_log.repair(paths.search.results)
     space = mixture_space(cfg, cluster_tokens(paths))
+    shares = write_source_shares(cfg, paths)
+    space["sources"] = {"names": shares["names"], "share": np.asarray(shares["share"])}
     if search_cfg.target_prior and fixed_candidates(cfg, space) is None:
         from climb.stages.search.affinity import target_affinity
         aff = target_affinity(cfg, paths, space["usable"])
@@ -173,7 +179,10 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     record_merge_scoring(paths, prior, search_cfg.seed)
     write_json(paths.search.mixture, {**final, "natural": space["natural"].tolist(),
                                       "uniform": space["uniform"].tolist(), "max_weight": space["max_weight"].tolist(),
-                                      "goal": cfg.target.goal, "objective": list(cfg.target.objective)})
+                                      "goal": cfg.target.goal, "objective": list(cfg.target.objective),
+                                      "by_source": by_source(shares, {"climb": final["weights"],
+                                                                      "natural": space["natural"],
+                                                                      "uniform": space["uniform"]})})
     mixtures = {"climb": final["weights"], "uniform": space["uniform"], "natural": space["natural"]}
     if "one-shot" in search_cfg.baselines:
         mixtures["one-shot"] = one_shot(cfg, paths, ex, space, results, base)

@@ -46,7 +46,8 @@ def compute_table(compute: dict) -> str:
 
 
 def search_summary(cfg: RunConfig, paths: RunPaths, n_results: int, n_clusters: int) -> dict:
-    """Target, the comparison's means and verdicts, the run's noise figures and the proxies trained."""
+    """Target, the comparison's means and verdicts, the run's noise figures, the proxies trained and
+    the mixtures by source (`by_source`, where the sources are known: climb.stages.search.sources)."""
     sstats = paths.stats("search")
     comp = sstats["comparison"]
     qfile = paths.search.quality
@@ -66,6 +67,10 @@ def search_summary(cfg: RunConfig, paths: RunPaths, n_results: int, n_clusters: 
     out["verdict"] = verdict(out)
     if quality.get("steadiness"):
         out["steadiness"] = quality["steadiness"]
+    from climb.stages.search.sources import mixture_by_source
+    found = mixture_by_source(cfg, paths)
+    if found is not None:  # the found, natural and uniform mixtures, each a share per source
+        out["by_source"] = found
     return out
 
 
