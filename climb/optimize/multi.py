@@ -16,9 +16,10 @@ of mixtures, `aggregate` combines predicted (or measured) metrics under any weig
 `aggregate_pick` takes the mixture of a candidate set that the aggregate prefers, and
 `best_per_metric` the mixture each metric alone prefers.
 
-    from climb.optimize.multi import aggregate_pick, fit_metrics
+    from climb.optimize.multi import aggregate_pick, fit_metrics, predict_metrics
     models = fit_metrics(X, {"bpb": y_bpb, "piqa/acc": y_acc}, "default", seed=0)
-    pick = aggregate_pick(models, target_cfg, np.vstack([pool, X]))
+    C = np.vstack([pool, X])
+    pick = aggregate_pick(predict_metrics(models, C), target_cfg, C)
 """
 from __future__ import annotations
 
@@ -66,21 +67,20 @@ def predict_metrics(models: Mapping[str, Predictor], W) -> dict[str, np.ndarray]
     return {m: np.asarray(model.predict(W), float) for m, model in models.items()}
 
 
-def aggregate_pick(models: Mapping[str, Predictor], target, C) -> dict:
-    """The row of the candidates C (a pool and the measured mixtures) whose predicted aggregate is
-    best under target.goal: its weights, the aggregate's predicted value and every metric's."""
+def aggregate_pick(pred: Mapping[str, np.ndarray], target, C) -> dict:
+    """The row of the candidates C (a pool and the measured mixtures) whose aggregate of the
+    metrics predicted for them (`pred`, as predict_metrics gives) is best under target.goal: its
+    weights, the aggregate's value there and every metric's."""
     C = np.asarray(C, float)
-    pred = predict_metrics(models, C)
     agg = np.asarray(aggregate(pred, target), float)
     i = int(np.argmin(goal_sign(target.goal) * agg))
     return {"weights": C[i], "predicted": float(agg[i]), "metrics": {m: float(v[i]) for m, v in pred.items()}}
 
 
-def best_per_metric(models: Mapping[str, Predictor], goals: Mapping[str, str], C) -> dict[str, dict]:
-    """For each metric of `goals` (name -> its goal), the row of C it alone prefers by its
-    predictor: its weights and every metric's predicted value there."""
+def best_per_metric(pred: Mapping[str, np.ndarray], goals: Mapping[str, str], C) -> dict[str, dict]:
+    """For each metric of `goals` (name -> its goal), the row of the candidates C it alone prefers
+    by its predicted values (`pred`): its weights and every metric's predicted value there."""
     C = np.asarray(C, float)
-    pred = predict_metrics(models, C)
     out = {}
     for m, goal in goals.items():
         i = int(np.argmin(goal_sign(goal) * pred[m]))

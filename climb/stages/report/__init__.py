@@ -5,7 +5,9 @@ Writes: `<run>/report/`: `report.md`, `index.html`, PNG figures and `summary.jso
 
 Plots: cluster sizes, a 2-D map of the clusters (PCA of their centroids,
 sized by documents), objective by iteration, predicted vs measured, and the
-final weights against the natural token shares. The page ends with the
+final weights against the natural token shares. Where the objective weighs several
+metrics (or the swarm recorded several), the trade-offs between them and any re-picks
+(`climb repick`), with a Pareto plot (climb/stages/report/tradeoffs.py). The page ends with the
 comparison table (found mixture vs uniform vs natural, each the mean of fresh
 proxies trained with seeds the search never used), which is also printed and
 written as `report/summary.json`. When the validate stage has run, a "Does it
@@ -430,7 +432,10 @@ def validation_summary(cfg: RunConfig, paths: RunPaths) -> tuple[dict | None, st
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
     validation, vkey = validation_summary(cfg, paths)
-    key = digest(upstream_key(paths, "search"), cfg.name, *([vkey] if vkey else []))
+    # Re-picks (climb repick) enter the key only where there are any: a run without them keeps its key.
+    from climb.io.digests import file_digest
+    repicks = [file_digest(f) for f in paths.search.repicks]
+    key = digest(upstream_key(paths, "search"), cfg.name, *([vkey] if vkey else []), *([repicks] if repicks else []))
     stats = execute(paths, "report", key, lambda out, ex: _report(cfg, paths, validation, out))
     if stats.get("skipped_stage"):
         print("\n" + terminal_lines(read_json(paths.report.summary), read_json(paths.search.mixture),
@@ -461,6 +466,11 @@ def _report(cfg: RunConfig, paths: RunPaths, validation: dict | None, out: Path)
         figs += [fig] if fig else []
         transfer = "## Does it transfer?\n\n" + transfer_section(validation) + "\n\n" + \
             ("![transfer](transfer.png)\n\n" if fig else "")
+    from climb.stages.report.tradeoffs import section as tradeoff_section
+    tradeoffs, tradeoff_figs, tradeoff_data = tradeoff_section(cfg, paths, results, out)
+    figs += tradeoff_figs
+    if tradeoff_data is not None:
+        summary["tradeoffs"] = tradeoff_data
     write_json(paths.report.summary, summary)
     w, nat = np.array(mix["weights"]), np.array(mix["natural"])
     rows = "\n".join(f"| {c['cluster']} | {c['docs']} | {nat[i]:.3f} | {w[i]:.3f} | {', '.join(c['top_terms'][:6])} |"
@@ -495,7 +505,7 @@ Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy see
 
 ![score by iteration](score_by_iteration.png)
 {"![predicted vs measured](predicted_vs_measured.png)" if "predicted_vs_measured.png" in figs else ""}
-
+{tradeoffs}
 ## Proxy compute
 
 {compute_table(summary["compute"])}
