@@ -10,6 +10,7 @@ from pathlib import Path
 
 from climb.config.schema import (EMBED_BACKENDS, EMBED_STORE_DTYPES, EMBED_STUDENTS, SEARCH_ACQUISITIONS, SEARCH_FINALS,
                                  TRACK_BACKENDS, ConfigError, ProxyConfig, RunConfig, from_dict, to_dict)
+from climb.config.objective import named_goal
 from proxies.config import ConfigFieldError
 
 
@@ -151,17 +152,6 @@ def check_config(cfg: RunConfig) -> None:
     _check_validate(cfg)
     _check_tokenize(cfg)
     _check_track(cfg)
-
-
-def named_goal(metric: str) -> str | None:
-    """The goal a metric's name implies: "minimize" for a loss (bpb, train_loss, a task's
-    gold_loss_per_byte), "maximize" for an accuracy (a task's acc, acc_norm), None where the name
-    does not say."""
-    if metric in ("bpb", "train_loss") or metric.endswith("/gold_loss_per_byte"):
-        return "minimize"
-    if metric.endswith(("/acc", "/acc_norm")):
-        return "maximize"
-    return None
 
 
 def _check_objective_terms(cfg: RunConfig) -> None:

@@ -295,7 +295,7 @@ class TargetConfig:
     goal: str = "minimize"
     # Metric name -> weight (> 0; default 1) and metric name -> its own goal (default
     # `goal`). With either, the objective is sum(w * s * metric) / sum(w), s = +1 for a
-    # metric whose goal is `goal` and -1 otherwise (climb.optimize.multi.aggregate); with
+    # metric whose goal is `goal` and -1 otherwise (climb/config/objective.py); with
     # neither (or all weights equal and no goal against `goal`), the plain mean as before.
     weights: dict[str, float] = field(default_factory=dict)
     goals: dict[str, str] = field(default_factory=dict)

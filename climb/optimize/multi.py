@@ -1,20 +1,15 @@
 """Objectives of several metrics: the weighted aggregate, and one predictor per metric.
 
 A target may weigh several metrics, each with its own goal (`target.objective`,
-`target.weights`, `target.goals`). The aggregate is
-
-    sum_m w_m * s_m * metric_m / sum_m w_m,   s_m = +1 where metric m's goal is target.goal, else -1,
-
-so `target.goal` stays the direction of the aggregate. Without weights or goals (or with
-equal weights and no goal against `target.goal`) it is the plain mean of the metrics, computed
-as before to the last bit, so older runs keep their values.
+`target.weights`, `target.goals`); their aggregate's coefficients are climb.config.objective's.
 
 Because every proxy record keeps all its metrics, the trade-offs between them can be read
 without training: `fit_metrics` fits one predictor per metric (`make_predictor`, as the search
 does) on the swarm's weights and that metric, `predict_metrics` predicts every metric for a set
 of mixtures, `aggregate` combines predicted (or measured) metrics under any weights and goals,
-`aggregate_pick` takes the mixture of a candidate set that the aggregate prefers, and
-`best_per_metric` the mixture each metric alone prefers.
+`aggregate_pick` takes the mixture of a candidate set that the aggregate prefers,
+`best_per_metric` the mixture each metric alone prefers, and `front` the non-dominated points
+of two metrics (a Pareto front).
 
     from climb.optimize.multi import aggregate_pick, fit_metrics, predict_metrics
     models = fit_metrics(X, {"bpb": y_bpb, "piqa/acc": y_acc}, "default", seed=0)
@@ -27,24 +22,8 @@ from typing import Mapping
 
 import numpy as np
 
+from climb.config.objective import coefficients
 from climb.optimize.predictor import Predictor, goal_sign, make_predictor
-
-
-def metric_goal(name: str, target) -> str:
-    """The goal of one of the objective's metrics: its own (`target.goals`), else `target.goal`."""
-    return target.goals.get(name, target.goal)
-
-
-def coefficients(target) -> list[tuple[str, float]] | None:
-    """Each objective term's coefficient in the aggregate, s_m * w_m / sum(w), in objective order;
-    None where the aggregate is the plain mean (no weight differs from another, no goal differs
-    from target.goal), which is then computed as a mean, exactly as before weights existed."""
-    names = list(target.objective)
-    w = np.array([float(target.weights.get(m, 1.0)) for m in names])
-    s = np.array([1.0 if metric_goal(m, target) == target.goal else -1.0 for m in names])
-    if (s > 0).all() and (w == w[0]).all():
-        return None
-    return [(m, float(c)) for m, c in zip(names, s * w / w.sum())]
 
 
 def aggregate(values: Mapping[str, float | np.ndarray], target):

@@ -3,7 +3,7 @@
 The target is held-out text (bits per byte, `bpb`) and/or task files (`<task>/acc`,
 `<task>/acc_norm`, `<task>/gold_loss_per_byte`); `objective` is the mean of the metrics
 `target.objective` names, or their weighted aggregate under `target.weights` and
-`target.goals` (climb.optimize.multi). Texts and task items are read once per process (Dask workers
+`target.goals` (climb.config.objective). Texts and task items are read once per process (Dask workers
 reuse them). For expert features, `objective_logprobs` keeps the log-probability of every
 token the objective scores, with its weight in the objective.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from climb.config import ProxyConfig, TargetConfig
+from climb.config.objective import coefficients
 from climb.io.files import InputError, fingerprint, is_url, read_documents, resolve_corpus_files
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,6 @@ def objective(metrics: dict, target_cfg: TargetConfig) -> float:
     if missing:
         raise InputError(f"target.objective names {missing}, but the proxy reported {sorted(metrics)}; set "
                          "target.objective to metrics it reports")
-    from climb.optimize.multi import coefficients
     coefs = coefficients(target_cfg)
     if coefs is None:  # the plain mean, as before target.weights and target.goals existed
         return float(np.mean([metrics[m] for m in target_cfg.objective]))
@@ -167,10 +167,9 @@ def objective_logprobs(model, tok, target_cfg: TargetConfig, target: dict,
                        device: str) -> tuple[np.ndarray, np.ndarray]:
     """The log-probability (float32) of every target token the objective scores, and each
     token's weight in the objective: the objective is then -sum(coef * logp), the mean of its
-    terms, or their weighted aggregate (climb.optimize.multi.coefficients) (bpb: the target texts' tokens over ln 2 x bytes; a task's gold loss per byte: each
+    terms, or their weighted aggregate (climb.config.objective.coefficients) (bpb: the target texts' tokens over ln 2 x bytes; a task's gold loss per byte: each
     item's gold continuation over its bytes and the task's items). `target` is what
     load_target gives, or a part of it."""
-    from climb.optimize.multi import coefficients
     from proxies.evaluate import gold_token_logprobs, token_logprobs
     terms = expert_terms(target_cfg)
     weighted = coefficients(target_cfg)  # None: the plain mean of the terms

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from climb.config import RunConfig
-from climb.config.checks import named_goal
+from climb.config.objective import named_goal
 from climb.io.files import read_json
 from climb.runtime.layout import RunPaths
 
@@ -28,7 +28,7 @@ MAX_METRICS = 6  # columns of the table: the objective's metrics first, then oth
 def tradeoff_metrics(cfg: RunConfig, ok: list[dict]) -> dict[str, str]:
     """Metric name -> goal for the table: the objective's (with their goals), then the metrics every
     proxy recorded whose name says their direction, up to MAX_METRICS in all."""
-    from climb.optimize.multi import metric_goal
+    from climb.config.objective import metric_goal
     out = {m: metric_goal(m, cfg.target) for m in cfg.target.objective}
     every = set.intersection(*(set(r["metrics"]) for r in ok)) if ok else set()
     for m in sorted(every - set(out)):

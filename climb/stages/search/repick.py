@@ -135,7 +135,8 @@ def metric_view(cfg: RunConfig, space: dict, ok: list[dict], goals: dict[str, st
 def repick(run_cfg: RunConfig, cfg: RunConfig, paths: RunPaths, train: bool = False) -> dict:
     """Pick the run's mixture again under cfg's objective; `train`: also train the new pick's
     comparison proxies. Writes search/repicks/<digest>.json and returns what it holds."""
-    from climb.optimize.multi import aggregate, metric_goal
+    from climb.config.objective import metric_goal
+    from climb.optimize.multi import aggregate
     started = time.time()
     check_only_objective(run_cfg, cfg)
     check_finished(run_cfg, paths)
