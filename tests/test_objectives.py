@@ -163,3 +163,22 @@ def test_the_front_is_every_point_nothing_dominates(seed):
     got = front(P, (ga, gb))
     assert set(got.tolist()) == want
     assert (np.diff(Q[got, 0]) >= 0).all()
+
+
+def test_the_experts_token_weights_follow_the_objectives_weights(monkeypatch):
+    """search.experts scores mixtures by -sum(coef * logp): with weights, each term's tokens carry its
+    coefficient, so that sum is the weighted objective of the terms (bpb, a task's gold loss per byte)."""
+    import math
+
+    import proxies.evaluate
+    from climb.runtime.targets import objective_logprobs
+    monkeypatch.setattr(proxies.evaluate, "token_logprobs", lambda *a, **k: (np.array([-1.0, -2.0]), 10))
+    monkeypatch.setattr(proxies.evaluate, "gold_token_logprobs",
+                        lambda *a, **k: [(np.array([-3.0]), 5), (np.array([-1.0, -1.0]), 4)])
+    target = {"texts": ["x"], "tasks": {"t": [{}, {}]}}
+    terms = {"bpb": 3.0 / (math.log(2) * 10), "t/gold_loss_per_byte": (3.0 / 5 + 2.0 / 4) / 2}
+    for t in (TargetConfig(objective=("bpb", "t/gold_loss_per_byte"), tasks={"t": "t.jsonl"}),
+              TargetConfig(objective=("bpb", "t/gold_loss_per_byte"), tasks={"t": "t.jsonl"},
+                           weights={"bpb": 3.0})):
+        logp, coef = objective_logprobs(None, None, t, target, "cpu")
+        assert -(coef * logp).sum() == pytest.approx(objective(terms, t))

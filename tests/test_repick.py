@@ -91,7 +91,8 @@ def test_a_repick_trains_nothing_and_leaves_the_search_up_to_date(run, capsys):
     best = min(ok, key=lambda r: (r["metrics"]["bpb"] - 0.5 * r["metrics"]["task/acc"]) / 1.5)
     np.testing.assert_allclose(rec["weights"], best["weights"])
     assert rec["best_seen"]["mixture_id"] == best["mixture_id"]
-    assert rec["best_seen"]["objective"] == pytest.approx((best["metrics"]["bpb"] - 0.5 * best["metrics"]["task/acc"]) / 1.5)
+    m = best["metrics"]
+    assert rec["best_seen"]["objective"] == pytest.approx((m["bpb"] - 0.5 * m["task/acc"]) / 1.5)
     assert set(rec["predicted"]["re-pick"]) == {"bpb", "task/acc", "objective"}
     # the two metrics pull apart: each one's predicted best leans on its own end of the clusters
     w_bpb, w_acc = (np.array(rec["best_for"][m]["weights"]) for m in ("bpb", "task/acc"))

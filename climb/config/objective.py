@@ -39,3 +39,14 @@ def coefficients(target) -> list[tuple[str, float]] | None:
         return None
     total = sum(w)
     return [(m, sm * wm / total) for m, sm, wm in zip(names, s, w)]
+
+
+def describe(target) -> str:
+    """The objective as a short name: "bpb+piqa/acc" for a plain mean (as always), and with
+    weights or goals each term's weight, and its own goal where it is not target.goal, e.g.
+    "1 bpb + 0.5 piqa/acc (maximize)"."""
+    if coefficients(target) is None:
+        return "+".join(target.objective)
+    return " + ".join(f"{target.weights.get(m, 1.0):g} {m}"
+                      + (f" ({metric_goal(m, target)})" if metric_goal(m, target) != target.goal else "")
+                      for m in target.objective)

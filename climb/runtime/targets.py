@@ -3,8 +3,8 @@
 The target is held-out text (bits per byte, `bpb`) and/or task files (`<task>/acc`,
 `<task>/acc_norm`, `<task>/gold_loss_per_byte`); `objective` is the mean of the metrics
 `target.objective` names, or their weighted aggregate under `target.weights` and
-`target.goals` (climb.config.objective). Texts and task items are read once per process (Dask workers
-reuse them). For expert features, `objective_logprobs` keeps the log-probability of every
+`target.goals` (climb.config.objective). Texts and task items are read once per process
+(Dask workers reuse them). For expert features, `objective_logprobs` keeps the log-probability of every
 token the objective scores, with its weight in the objective.
 """
 from __future__ import annotations
@@ -167,9 +167,9 @@ def objective_logprobs(model, tok, target_cfg: TargetConfig, target: dict,
                        device: str) -> tuple[np.ndarray, np.ndarray]:
     """The log-probability (float32) of every target token the objective scores, and each
     token's weight in the objective: the objective is then -sum(coef * logp), the mean of its
-    terms, or their weighted aggregate (climb.config.objective.coefficients) (bpb: the target texts' tokens over ln 2 x bytes; a task's gold loss per byte: each
-    item's gold continuation over its bytes and the task's items). `target` is what
-    load_target gives, or a part of it."""
+    terms, or their weighted aggregate (climb.config.objective.coefficients) (bpb: the target
+    texts' tokens over ln 2 x bytes; a task's gold loss per byte: each item's gold continuation
+    over its bytes and the task's items). `target` is what load_target gives, or a part of it."""
     from proxies.evaluate import gold_token_logprobs, token_logprobs
     terms = expert_terms(target_cfg)
     weighted = coefficients(target_cfg)  # None: the plain mean of the terms

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from climb.config import RunConfig, digest
+from climb.config.objective import describe
 from climb.io.files import read_json, write_json
 from climb.optimize.predictor import goal_sign
 from climb.runtime.stage import execute, upstream_key
@@ -454,7 +455,7 @@ def _report(cfg: RunConfig, paths: RunPaths, validation: dict | None, out: Path)
             plans[m["mixture_id"]] = m["predicted"]
     qfile = paths.search.quality
     quality = read_json(qfile) if qfile.exists() else {}
-    name = "+".join(cfg.target.objective)
+    name = describe(cfg.target)
     summary = search_summary(cfg, paths, len(results), len(clusters))
     figs = plot_clusters(clusters, np.load(paths.cluster.cluster_centroids), out)
     figs += plot_search(results, plans, cfg.target.goal, name, out)

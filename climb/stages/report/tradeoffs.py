@@ -57,7 +57,8 @@ def section(cfg: RunConfig, paths: RunPaths, results: list[dict], out: Path) -> 
     def cell(pred: dict, m: str, meas: dict | None = None) -> str:
         text = "n/a" if pred.get(m) is None else f"{pred[m]:.4f}"
         return text + (f" (measured {meas[m]:.4f})" if meas and meas.get(m) is not None else "")
-    lines.append("| run's pick | " + " | ".join(cell(view["predicted"]["run's pick"], m, measured) for m in names) + " |")
+    ours = view["predicted"]["run's pick"]
+    lines.append("| run's pick | " + " | ".join(cell(ours, m, measured) for m in names) + " |")
     lines += [f"| best for {b} | " + " | ".join(cell(v["predicted"], m) for m in names) + " |"
               for b, v in view["best_for"].items()]
     text = ("\n## Trade-offs between metrics\n\nOne predictor per metric, fitted on the search's proxies, predicts "
@@ -71,7 +72,7 @@ def section(cfg: RunConfig, paths: RunPaths, results: list[dict], out: Path) -> 
     if fig:
         figs.append(fig)
         text += "\n![trade-off](pareto.png)\n"
-    data = {"metrics": metrics, "run_pick": {"predicted": view["predicted"]["run's pick"], "measured": measured},
+    data = {"metrics": metrics, "run_pick": {"predicted": ours, "measured": measured},
             "best_for": view["best_for"], "repicks": [k["digest"] for k in kept]}
     return text, figs, data
 
@@ -91,12 +92,12 @@ def _measured(paths: RunPaths, metrics: list[str]) -> dict | None:
 def _repick_table(kept: list[dict], names: list[str]) -> str:
     """The re-picks found under search/repicks/, each metric's predicted value at each (measured
     where `--compare` trained it)."""
+    from climb.stages.search.repick import spec_name
     lines = ["Re-picks (`climb repick`; search/repicks/):", "",
              "| objective | " + " | ".join(names) + " | proxies trained |", "|" + " --- |" * (len(names) + 2)]
     for k in kept:
         s = k["spec"]
-        terms = " + ".join(f"{s['weights'].get(m, 1.0):g} {m}" + (f" ({s['goals'][m]})" if m in s["goals"] else "")
-                           for m in s["objective"])
+        terms = spec_name(s)
         pred = k["predicted"]["re-pick"]
         meas = (k.get("comparison") or {}).get("metrics", {}).get("climb", {})
         cells = [("n/a" if pred.get(m) is None else f"{pred[m]:.4f}")

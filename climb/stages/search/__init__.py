@@ -43,6 +43,7 @@ import logging
 import numpy as np
 
 from climb.config import RunConfig, digest, without
+from climb.config.objective import describe
 from climb.io.files import read_json, write_json
 from climb.optimize.predictor import goal_sign
 from climb.optimize.quality import MIN_OOF_SPEARMAN, MIN_SNR, oof_spearman, pooled_noise, snr, warnings
@@ -200,7 +201,7 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         log.warning("%s", w)
     from climb.stages.search.summary import verdict
     said = verdict({"results": {k: v for k, v in table.items() if v is not None}, "comparison": verdicts,
-                    "target": {"name": "+".join(cfg.target.objective), "goal": cfg.target.goal}})
+                    "target": {"name": describe(cfg.target), "goal": cfg.target.goal}})
     (log.info if said["kind"] == "better" else log.warning)("%s", said["sentence"])
     failed = sum(r["status"] != "ok" for r in results)
     stats = {"proxies": len(results), "failed": failed, "comparison": table, "verdicts": verdicts,

@@ -33,9 +33,11 @@ import time
 
 import numpy as np
 
-from climb.config import RunConfig, digest, to_dict
+from climb.config import RunConfig, TargetConfig, digest, to_dict
+from climb.config.objective import describe, metric_goal
 from climb.io.errors import InputError
 from climb.io.files import read_json, write_json
+from climb.optimize.multi import aggregate, aggregate_pick, best_per_metric, fit_metrics, predict_metrics
 from climb.runtime.layout import RunPaths
 from climb.runtime.targets import objective
 from climb.stages.search.common import final_mixture, final_pool, mixture_space, ok_sorted, read_results
@@ -50,6 +52,12 @@ def spec(cfg: RunConfig) -> dict:
     """The objective a re-pick optimises, as plain data (its digest names the re-pick's file)."""
     t = cfg.target
     return {"objective": list(t.objective), "weights": dict(t.weights), "goals": dict(t.goals), "goal": t.goal}
+
+
+def spec_name(s: dict) -> str:
+    """A re-pick's objective (its `spec`) as a short name (climb.config.objective.describe)."""
+    return describe(TargetConfig(objective=tuple(s["objective"]), weights=s["weights"], goals=s["goals"],
+                                 goal=s["goal"]))
 
 
 def check_only_objective(run_cfg: RunConfig, cfg: RunConfig) -> None:
@@ -116,7 +124,6 @@ def metric_view(cfg: RunConfig, space: dict, ok: list[dict], goals: dict[str, st
     predicted value at the `named` mixtures (name -> weights), and the mixture of the final pick's
     candidates (its pool and the measured mixtures) each metric alone prefers; `aggregate`: also
     the candidate whose aggregate of the predicted metrics (under cfg's target) is best."""
-    from climb.optimize.multi import aggregate_pick, best_per_metric, fit_metrics, predict_metrics
     X = np.array([r["weights"] for r in ok], float)
     models = fit_metrics(X, {m: [r["metrics"][m] for r in ok] for m in goals}, cfg.search.predictor,
                          seed=cfg.search.seed)
@@ -135,8 +142,6 @@ def metric_view(cfg: RunConfig, space: dict, ok: list[dict], goals: dict[str, st
 def repick(run_cfg: RunConfig, cfg: RunConfig, paths: RunPaths, train: bool = False) -> dict:
     """Pick the run's mixture again under cfg's objective; `train`: also train the new pick's
     comparison proxies. Writes search/repicks/<digest>.json and returns what it holds."""
-    from climb.config.objective import metric_goal
-    from climb.optimize.multi import aggregate
     started = time.time()
     check_only_objective(run_cfg, cfg)
     check_finished(run_cfg, paths)
@@ -157,6 +162,8 @@ def repick(run_cfg: RunConfig, cfg: RunConfig, paths: RunPaths, train: bool = Fa
            "weights": pick["weights"], "predicted_objective": pick["predicted"], "predictor": pick["predictor"],
            "best_seen": pick["best_seen"], "predicted": view["predicted"], "best_for": view["best_for"],
            "by_metric_predictors": view["by_metric_predictors"], "trained": 0}
+    if "steadiness" in pick:  # the new pick made again on bootstrap resamples (search.steadiness_boot)
+        out["steadiness"] = {k: v for k, v in pick["steadiness"].items() if k != "picks"}
     if train:
         out["comparison"] = _compare(cfg, paths, pick["weights"], name)
         out["trained"] = out["comparison"]["trained"]
@@ -205,8 +212,7 @@ def table(out: dict) -> str:
     """The re-pick as a few lines for the terminal: each metric's predicted value at the re-pick,
     the run's pick and each metric's best, the comparison where it ran, and the time taken."""
     s = out["spec"]
-    terms = " + ".join(f"{s['weights'].get(m, 1.0):g} x {m}" + (f" ({s['goals'][m]})" if m in s["goals"] else "")
-                       for m in s["objective"])
+    terms = spec_name(s)
     metrics = list(dict.fromkeys(s["objective"]))
     rows = [("re-pick", out["predicted"]["re-pick"]), ("run's pick", out["predicted"]["run's pick"])]
     rows += [(f"best for {m}", b["predicted"]) for m, b in out["best_for"].items()]
