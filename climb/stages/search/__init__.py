@@ -6,7 +6,8 @@ Writes: `<run>/search/`: `results.jsonl`, `plan_<i>.json`, `mixture.json`, `comp
 `quality.json`, `contamination.json`, the swarm as CSV.
 Rooms: `common` (the pool, proxies, final mixture), `cheap` (experts, shared base, merged
 models), `compare` (the paired comparison), `summary` (what a finished search found, for the
-report and the export's card); the pick itself is climb/optimize/pick.py.
+report and the export's card), `repick` (`climb repick`: a finished search picked again under
+another objective, under `search/repicks/`); the pick itself is climb/optimize/pick.py.
 
 Proxies train on the tokenize stage's per-cluster token store.
 
