@@ -3,6 +3,7 @@
     climb run     --config pipelines/demo.toml [--run runs/demo] [--set cluster.k=32 ...]
     climb embed | cluster | tokenize | search | validate | export | report  (same options; earlier stages first)
     climb predictor evaluate | propose ...             (swarm CSVs in, metrics or mixtures out)
+    climb repick  --run runs/demo --set 'target.objective={...}' [--compare]   (a finished search, another objective)
     climb run --config pipelines/demo.toml --executor dask --dask-workers 2
 
 `climb <stage> --help` says what the stage reads and writes; `--config` defaults to
@@ -207,11 +208,54 @@ def _run_stage(args) -> int:
     return 0
 
 
+def _repick_parser(sub) -> None:
+    p = sub.add_parser(
+        "repick", help="pick a finished search's mixture again under another objective, training nothing",
+        description="Recomputes each proxy's objective from its recorded metrics under the objective given "
+                    "(target.objective, target.weights, target.goals, target.goal), makes the pick by the run's "
+                    "rule and predicts every metric there, at the run's own pick and at each metric's best. Reads "
+                    "<run>/search/ and <run>/config.toml. Writes <run>/search/repicks/<digest>.json only: the "
+                    "search stays up to date. --compare also trains the new pick on the run's comparison seeds, "
+                    "paired with the baselines already trained.")
+    p.add_argument("--run", required=True, help="the run folder of a finished search")
+    p.add_argument("--config", default=None, help="run config (TOML); default: the run's own config.toml. It may "
+                   "differ from the run's in the objective only")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="""the new objective, e.g. --set 'target.objective={bpb=1.0, "piqa/acc"={weight=0.5, """
+                        """goal="maximize"}}'""")
+    p.add_argument("--compare", action="store_true", help="also train the new pick's comparison proxies "
+                   "(search.eval_seeds of them), paired with the run's baselines")
+    p.add_argument("-v", "--verbose", action="count", default=1, help="debug logs, and a traceback with an error")
+    p.set_defaults(func=_repick)
+
+
+def _repick(args) -> int:
+    from climb.config import load_config
+    from climb.config.checks import check_run_dir
+    from climb.runtime.layout import RunPaths
+    from climb.runtime.runlock import hold
+    check_run_dir(args.run)
+    paths = RunPaths(Path(args.run).resolve())
+    if not paths.config.is_file():
+        raise InputError(f"--run {args.run}: no config.toml there; give the run folder of a finished search")
+    run_cfg = load_config(paths.config)
+    cfg = load_config(args.config or paths.config, args.overrides)
+    with hold(paths.root):
+        from climb.stages.search.repick import repick, table
+        if args.compare:
+            from climb.runtime import preflight
+            preflight.check_target(cfg, paths.root)
+        out = repick(run_cfg, cfg, paths, train=args.compare)
+    print("\n" + table(out) + f"\n\nre-pick: {paths.search.repick(out['digest'])}\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="climb", description="Find the data mixture to pretrain a language model on.")
     sub = ap.add_subparsers(dest="command", required=True)
     for s in ("run", *STAGES):
         _stage_parser(sub, s).set_defaults(func=_run_stage)
+    _repick_parser(sub)
     add_predictor_parser(sub)
     return ap
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from climb.config.schema import (EMBED_BACKENDS, EMBED_STORE_DTYPES, EMBED_STUDENTS, SEARCH_ACQUISITIONS, SEARCH_FINALS,
                                  TRACK_BACKENDS, ConfigError, ProxyConfig, RunConfig, from_dict, to_dict)
+from climb.config.objective import named_goal
 from proxies.config import ConfigFieldError
 
 
@@ -18,9 +19,11 @@ def check_config(cfg: RunConfig) -> None:
     naming the key and the fix."""
     if cfg.target.goal not in ("minimize", "maximize"):
         raise ConfigError(f"target.goal must be 'minimize' or 'maximize', got {cfg.target.goal!r}")
+    _check_objective_terms(cfg)
     losses = [m for m in cfg.target.objective
               if m in ("bpb", "train_loss") or m.endswith("/gold_loss_per_byte")]
-    if cfg.target.goal == "maximize" and losses and len(losses) == len(cfg.target.objective):
+    if cfg.target.goal == "maximize" and losses and len(losses) == len(cfg.target.objective) \
+            and not cfg.target.goals:
         raise ConfigError(f"target.goal = 'maximize', but target.objective {list(cfg.target.objective)} "
                           f"{'is a loss' if len(losses) == 1 else 'are losses'} (lower is better); "
                           "set target.goal = 'minimize'")
@@ -149,6 +152,31 @@ def check_config(cfg: RunConfig) -> None:
     _check_validate(cfg)
     _check_tokenize(cfg)
     _check_track(cfg)
+
+
+def _check_objective_terms(cfg: RunConfig) -> None:
+    """target.weights and target.goals: each names a metric of target.objective, each weight is a
+    number above 0, each goal minimize or maximize; with goals, no loss is maximized nor an accuracy
+    minimized (without them, a mean of mixed metrics under one goal is allowed, as it always was)."""
+    t = cfg.target
+    for field, given in (("weights", t.weights), ("goals", t.goals)):
+        extra = [m for m in given if m not in t.objective]
+        if extra:
+            raise ConfigError(f"target.{field} names {extra}, which target.objective {list(t.objective)} does not; "
+                              "add them to target.objective or drop them")
+    for m, w in t.weights.items():
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0 or w == float("inf"):
+            raise ConfigError(f"target.weights: the weight of {m!r} must be a number above 0, got {w!r}")
+    for m, g in t.goals.items():
+        if g not in ("minimize", "maximize"):
+            raise ConfigError(f"target.goals: the goal of {m!r} must be 'minimize' or 'maximize', got {g!r}")
+    for m in t.objective if t.goals else ():  # per-metric goals: each one's goal, own or target.goal, must fit it
+        g = t.goals.get(m, t.goal)
+        if named_goal(m) not in (None, g):
+            kind = "a loss (lower is better)" if named_goal(m) == "minimize" else "an accuracy (higher is better)"
+            raise ConfigError(f"target.objective: {m!r} is {kind}, but its goal is {g!r}"
+                              f"{'' if m in t.goals else ' (target.goal)'}; set target.goals.{m} = "
+                              f"'{named_goal(m)}'")
 
 
 # [proxy] fields the validation model may not change: it reads the search's token store.

@@ -290,10 +290,20 @@ class TargetConfig:
     # export) before the search.
     decontaminate: bool = False
     # The scalar optimised: the mean of these metric names (e.g. "bpb",
-    # "piqa/acc_norm", "arc_easy/gold_loss_per_byte").
+    # "piqa/acc_norm", "arc_easy/gold_loss_per_byte"). In TOML also a table of name ->
+    # weight or {weight, goal}, e.g. {bpb = 1.0, "piqa/acc" = {weight = 0.5, goal = "maximize"}}:
+    # the loader (climb/config/load.py) keeps the names here, in order, and fills `weights`
+    # and `goals` from it.
     objective: tuple[str, ...] = ("bpb",)
-    # "minimize" for losses, "maximize" for accuracies. Never guessed.
+    # "minimize" for losses, "maximize" for accuracies. Never guessed. With `weights` or
+    # `goals`, the direction of the weighted aggregate.
     goal: str = "minimize"
+    # Metric name -> weight (> 0; default 1) and metric name -> its own goal (default
+    # `goal`). With either, the objective is sum(w * s * metric) / sum(w), s = +1 for a
+    # metric whose goal is `goal` and -1 otherwise (climb/config/objective.py); with
+    # neither (or all weights equal and no goal against `goal`), the plain mean as before.
+    weights: dict[str, float] = field(default_factory=dict)
+    goals: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -616,7 +626,7 @@ ADDED_FIELDS = {
     "EmbedConfig": ("tune_sample", "store_dtype", "student"),
     "ClusterConfig": ("refit",),
     "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens", "final_kl", "steadiness_boot", "target_prior"),
-    "TargetConfig": ("lm_eval", "lm_eval_include", "contamination", "decontaminate"),
+    "TargetConfig": ("lm_eval", "lm_eval_include", "contamination", "decontaminate", "weights", "goals"),
     "ExportConfig": ("format", "eod"),
 }
 

@@ -149,6 +149,16 @@ class SearchOutputs:
     def comparison(self) -> Path:
         return self.dir / "comparison.json"
 
+    def repick(self, spec: str) -> Path:  # `climb repick` under the objective whose digest is `spec`
+        return self.dir / "repicks" / f"{spec}.json"
+
+    def repick_comparison(self, spec: str) -> Path:  # that re-pick's comparison proxies (`--compare`)
+        return self.dir / "repicks" / f"{spec}.comparison.json"
+
+    @property
+    def repicks(self) -> list[Path]:  # every re-pick kept, in name order
+        return sorted(p for p in (self.dir / "repicks").glob("*.json") if not p.name.endswith(".comparison.json"))
+
     @property
     def affinity(self) -> Path:  # which clusters read like the target (search.target_prior)
         return self.dir / "affinity.json"

@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 # and the export folder is meant to load as a dataset.
 STATE = "stage_state.json"
 OWN_FILES = ("manifest.json", STATE)
+# Folders inside a stage's folder that are not its outputs: re-picks (`climb repick`) are written
+# beside a finished search and must never make it look changed.
+NOT_OUTPUTS = ("repicks",)
 
 
 def state_file(folder: Path) -> Path:
@@ -61,7 +64,9 @@ def output_fingerprints(folder: Path) -> dict[str, list]:
     out = {}
     for p in sorted(folder.rglob("*")):
         rel = p.relative_to(folder).as_posix()
-        if rel in OWN_FILES or any(part.startswith(".") for part in p.relative_to(folder).parts) or not p.is_file():
+        parts = p.relative_to(folder).parts
+        if rel in OWN_FILES or parts[0] in NOT_OUTPUTS or any(part.startswith(".") for part in parts) \
+                or not p.is_file():
             continue
         st = p.stat()
         out[rel] = [st.st_size, st.st_mtime_ns, file_digest(p)]

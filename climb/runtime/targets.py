@@ -2,8 +2,9 @@
 
 The target is held-out text (bits per byte, `bpb`) and/or task files (`<task>/acc`,
 `<task>/acc_norm`, `<task>/gold_loss_per_byte`); `objective` is the mean of the metrics
-`target.objective` names. Texts and task items are read once per process (Dask workers
-reuse them). For expert features, `objective_logprobs` keeps the log-probability of every
+`target.objective` names, or their weighted aggregate under `target.weights` and
+`target.goals` (climb.config.objective). Texts and task items are read once per process
+(Dask workers reuse them). For expert features, `objective_logprobs` keeps the log-probability of every
 token the objective scores, with its weight in the objective.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from climb.config import ProxyConfig, TargetConfig
+from climb.config.objective import coefficients
 from climb.io.files import InputError, fingerprint, is_url, read_documents, resolve_corpus_files
 
 log = logging.getLogger(__name__)
@@ -95,7 +97,10 @@ def objective(metrics: dict, target_cfg: TargetConfig) -> float:
     if missing:
         raise InputError(f"target.objective names {missing}, but the proxy reported {sorted(metrics)}; set "
                          "target.objective to metrics it reports")
-    return float(np.mean([metrics[m] for m in target_cfg.objective]))
+    coefs = coefficients(target_cfg)
+    if coefs is None:  # the plain mean, as before target.weights and target.goals existed
+        return float(np.mean([metrics[m] for m in target_cfg.objective]))
+    return float(sum(c * metrics[m] for m, c in coefs))
 
 
 def evaluate(model, tokenizer, target_cfg: TargetConfig, run_dir: Path, device: str,
@@ -162,17 +167,19 @@ def objective_logprobs(model, tok, target_cfg: TargetConfig, target: dict,
                        device: str) -> tuple[np.ndarray, np.ndarray]:
     """The log-probability (float32) of every target token the objective scores, and each
     token's weight in the objective: the objective is then -sum(coef * logp), the mean of its
-    terms (bpb: the target texts' tokens over ln 2 x bytes; a task's gold loss per byte: each
-    item's gold continuation over its bytes and the task's items). `target` is what
-    load_target gives, or a part of it."""
+    terms, or their weighted aggregate (climb.config.objective.coefficients) (bpb: the target
+    texts' tokens over ln 2 x bytes; a task's gold loss per byte: each item's gold continuation
+    over its bytes and the task's items). `target` is what load_target gives, or a part of it."""
     from proxies.evaluate import gold_token_logprobs, token_logprobs
     terms = expert_terms(target_cfg)
+    weighted = coefficients(target_cfg)  # None: the plain mean of the terms
     logps, coefs = [], []
-    for term in terms:
+    for j, term in enumerate(terms):
+        scale = 1.0 if weighted is None else weighted[j][1]
         if term == "bpb":
             lp, n_bytes = token_logprobs(model, tok, target["texts"], device=device, bf16=False)
             logps.append(lp)
-            coefs.append(np.full(len(lp), 1.0 / (math.log(2) * n_bytes)))
+            coefs.append(np.full(len(lp), scale / (math.log(2) * n_bytes)))
             continue
         name = term.rsplit("/", 1)[0]
         if name not in target["tasks"]:
@@ -180,8 +187,9 @@ def objective_logprobs(model, tok, target_cfg: TargetConfig, target: dict,
         items = gold_token_logprobs(model, tok, target["tasks"][name], device=device, bf16=False)
         for lp, n_bytes in items:
             logps.append(lp)
-            coefs.append(np.full(len(lp), 1.0 / (n_bytes * len(items))))
-    return np.concatenate(logps).astype(np.float32), np.concatenate(coefs) / len(terms)
+            coefs.append(np.full(len(lp), scale / (n_bytes * len(items))))
+    coef = np.concatenate(coefs)
+    return np.concatenate(logps).astype(np.float32), coef / len(terms) if weighted is None else coef
 
 
 def save_logprobs(path: Path, model, tok, task, device: str) -> None:

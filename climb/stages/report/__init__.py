@@ -6,7 +6,9 @@ Writes: `<run>/report/`: `report.md`, `index.html`, PNG figures and `summary.jso
 Plots: cluster sizes, a 2-D map of the clusters (PCA of their centroids,
 sized by documents), objective by iteration, predicted vs measured, and the
 final weights against the natural token shares, with the mixture by source beside
-them (climb.stages.search.sources) and each cluster's main sources in its table. The page ends with the
+them (climb.stages.search.sources) and each cluster's main sources in its table. Where the
+objective weighs several metrics (or the swarm recorded several), the trade-offs between them
+and any re-picks (`climb repick`), with a Pareto plot (climb/stages/report/tradeoffs.py). The page ends with the
 comparison table (found mixture vs uniform vs natural, each the mean of fresh
 proxies trained with seeds the search never used), which is also printed and
 written as `report/summary.json`. When the validate stage has run, a "Does it
@@ -29,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from climb.config import RunConfig, digest
+from climb.config.objective import describe
 from climb.io.files import read_json, write_json
 from climb.optimize.predictor import goal_sign
 from climb.runtime.stage import execute, upstream_key
@@ -458,7 +461,10 @@ def validation_summary(cfg: RunConfig, paths: RunPaths) -> tuple[dict | None, st
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
     validation, vkey = validation_summary(cfg, paths)
-    key = digest(upstream_key(paths, "search"), cfg.name, *([vkey] if vkey else []))
+    # Re-picks (climb repick) enter the key only where there are any: a run without them keeps its key.
+    from climb.io.digests import file_digest
+    repicks = [file_digest(f) for f in paths.search.repicks]
+    key = digest(upstream_key(paths, "search"), cfg.name, *([vkey] if vkey else []), *([repicks] if repicks else []))
     stats = execute(paths, "report", key, lambda out, ex: _report(cfg, paths, validation, out))
     if stats.get("skipped_stage"):
         print("\n" + terminal_lines(read_json(paths.report.summary), read_json(paths.search.mixture),
@@ -477,7 +483,7 @@ def _report(cfg: RunConfig, paths: RunPaths, validation: dict | None, out: Path)
             plans[m["mixture_id"]] = m["predicted"]
     qfile = paths.search.quality
     quality = read_json(qfile) if qfile.exists() else {}
-    name = "+".join(cfg.target.objective)
+    name = describe(cfg.target)
     summary = search_summary(cfg, paths, len(results), len(clusters))
     figs = plot_clusters(clusters, np.load(paths.cluster.cluster_centroids), out)
     figs += plot_search(results, plans, cfg.target.goal, name, out)
@@ -489,6 +495,11 @@ def _report(cfg: RunConfig, paths: RunPaths, validation: dict | None, out: Path)
         figs += [fig] if fig else []
         transfer = "## Does it transfer?\n\n" + transfer_section(validation) + "\n\n" + \
             ("![transfer](transfer.png)\n\n" if fig else "")
+    from climb.stages.report.tradeoffs import section as tradeoff_section
+    tradeoffs, tradeoff_figs, tradeoff_data = tradeoff_section(cfg, paths, results, out)
+    figs += tradeoff_figs
+    if tradeoff_data is not None:
+        summary["tradeoffs"] = tradeoff_data
     write_json(paths.report.summary, summary)
     w, nat = np.array(mix["weights"]), np.array(mix["natural"])
     from climb.stages.search.sources import load_source_shares, main_sources
@@ -525,7 +536,7 @@ Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy see
 
 ![score by iteration](score_by_iteration.png)
 {"![predicted vs measured](predicted_vs_measured.png)" if "predicted_vs_measured.png" in figs else ""}
-
+{tradeoffs}
 ## Proxy compute
 
 {compute_table(summary["compute"])}

@@ -7,7 +7,8 @@ Writes: `<run>/search/`: `results.jsonl`, `plan_<i>.json`, `mixture.json`, `comp
 Rooms: `common` (the pool, proxies, final mixture), `cheap` (experts, shared base, merged
 models), `compare` (the paired comparison), `summary` (what a finished search found, for the
 report and the export's card), `sources` (each source's share of each cluster, and the
-mixture by source); the pick itself is climb/optimize/pick.py.
+mixture by source), `repick` (`climb repick`: a finished search picked again under another
+objective, under `search/repicks/`); the pick itself is climb/optimize/pick.py.
 
 Proxies train on the tokenize stage's per-cluster token store.
 
@@ -44,6 +45,7 @@ import logging
 import numpy as np
 
 from climb.config import RunConfig, digest, without
+from climb.config.objective import describe
 from climb.io.files import read_json, write_json
 from climb.optimize.predictor import goal_sign
 from climb.optimize.quality import MIN_OOF_SPEARMAN, MIN_SNR, oof_spearman, pooled_noise, snr, warnings
@@ -209,7 +211,7 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         log.warning("%s", w)
     from climb.stages.search.summary import verdict
     said = verdict({"results": {k: v for k, v in table.items() if v is not None}, "comparison": verdicts,
-                    "target": {"name": "+".join(cfg.target.objective), "goal": cfg.target.goal}})
+                    "target": {"name": describe(cfg.target), "goal": cfg.target.goal}})
     (log.info if said["kind"] == "better" else log.warning)("%s", said["sentence"])
     failed = sum(r["status"] != "ok" for r in results)
     stats = {"proxies": len(results), "failed": failed, "comparison": table, "verdicts": verdicts,

@@ -159,6 +159,13 @@ def run_proxies(cfg: RunConfig, ex, tasks: list[ProxyTask], desc: str, on_record
     return out
 
 
+def final_pool(cfg: RunConfig, space: dict) -> np.ndarray:
+    """The unmeasured candidates the final pick (and a re-pick) scores: search.candidates, or a
+    pool drawn with its own seed."""
+    fixed = fixed_candidates(cfg, space)
+    return fixed if fixed is not None else candidate_pool(cfg, space, pool_size(cfg), cfg.search.seed + 99_991)
+
+
 def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | None = None,
                   source: str = "search/results.jsonl", prior=None) -> dict:
     """The mixture the results point to, by `search.final` (or `rule`, e.g. "predicted").
@@ -176,8 +183,7 @@ def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | 
         raise RuntimeError(f"only {len(ok)} proxies succeeded; see {len(results)} records in {source}")
     X = np.array([r["weights"] for r in ok])
     y = np.array([r["objective"] for r in ok])
-    fixed = fixed_candidates(cfg, space)
-    pool = fixed if fixed is not None else candidate_pool(cfg, space, pool_size(cfg), search_cfg.seed + 99_991)
+    pool = final_pool(cfg, space)
     strategy = dc_replace(from_search_config(search_cfg), prior=prior)
     if rule is not None:
         strategy = dc_replace(strategy, final=rule, final_top_k=1)

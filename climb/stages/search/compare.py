@@ -81,10 +81,11 @@ def one_shot(cfg: RunConfig, paths: RunPaths, ex, space: dict, results: list[dic
     return pick["weights"]
 
 
-def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict) -> dict:
+def compare(cfg: RunConfig, paths: RunPaths, ex, mixtures: dict, out_file=None) -> dict:
     """Train every compared mixture with the same fresh seeds (paired; seeds the search never
-    used). Returns {name: {seed: record}}; every run is kept in comparison.json."""
-    out_file = paths.search.comparison
+    used). Returns {name: {seed: record}}; every run is kept in comparison.json (or `out_file`:
+    a re-pick's own, climb/stages/search/repick.py)."""
+    out_file = out_file or paths.search.comparison
     have = read_json(out_file) if out_file.exists() else {}
     names = ["climb"] + [b for b in cfg.search.baselines if b in mixtures]
     seeds = [cfg.search.eval_seed + s for s in range(cfg.search.eval_seeds)]

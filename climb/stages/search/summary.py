@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from climb.config import RunConfig
+from climb.config.objective import describe
 from climb.io.files import read_json
 from climb.runtime.layout import RunPaths
 
@@ -52,7 +53,7 @@ def search_summary(cfg: RunConfig, paths: RunPaths, n_results: int, n_clusters: 
     comp = sstats["comparison"]
     qfile = paths.search.quality
     quality = read_json(qfile) if qfile.exists() else {}
-    out = {"target": {"name": "+".join(cfg.target.objective), "goal": cfg.target.goal},
+    out = {"target": {"name": describe(cfg.target), "goal": cfg.target.goal},
             "results": {k: float(v) for k, v in comp.items() if v is not None},
             "comparison": sstats.get("verdicts", {}),
             "quality": {k: quality.get(k) for k in ("seed_sd", "paired_sd", "swarm_sd", "snr",

@@ -33,6 +33,7 @@ import numpy as np
 
 from climb.config import RunConfig, TargetConfig, digest, without
 from climb.config.checks import check_validation_trains, validation_model
+from climb.config.objective import describe
 from climb.io.files import InputError, read_json, write_json
 from climb.optimize.predictor import goal_sign
 from climb.optimize.quality import fmt_comparison, paired_comparison, rank_transfer
@@ -202,7 +203,7 @@ def summarize(cfg: RunConfig, paths: RunPaths, p: dict, records: list[dict], mod
         return {"goal": goal, "means": means, "comparison": comp, "constant": constant}
 
     target = block("objective")
-    target["name"] = "+".join(cfg.target.objective)
+    target["name"] = describe(cfg.target)
     points = []
     for m in p["mixtures"]:
         src = m.get("same_as", m["name"])
