@@ -26,7 +26,7 @@ came out; `satisfied` tells them apart, and callers drop them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import Bounds as Box
@@ -273,7 +273,7 @@ def _newton(V: np.ndarray, b: Bounds, L: np.ndarray, U: np.ndarray, lam: np.ndar
         J = -np.einsum("ni,ri,ci->nrc", d + 1e-9, M, M)
         off = np.concatenate([np.zeros((len(rows), 1), bool), (p > b.lo) & (p < b.hi)], 1)  # a row not at an end
         J = np.where(off[:, :, None], -eye[None], J)
-        step = np.linalg.solve(J, -res[:, :, None])[:, :, 0]
+        step = np.linalg.solve(J - 1e-10 * eye, -res[:, :, None])[:, :, 0]  # rows may repeat: a source all of every cluster
         v_, lam_, L_, U_, y0 = V[rows], lam[rows], L[rows], U[rows], Y[rows]
         norm0, t = np.abs(res).max(1), np.ones(len(rows))
         for _ in range(12):
@@ -423,6 +423,11 @@ def least_kl(b: Bounds, groups: list) -> tuple[float, np.ndarray] | None:
     q, k = b.natural, b.k
     up = np.where((b.max_weight > 0) & (q > 0), b.max_weight if _CAPS in groups else 1.0, 0.0)
     rows = [j for j in groups if isinstance(j, int)]
+    # The projection of the natural mixture with a large KL multiplier: its KL is within 1e-6 of the least.
+    sub = replace(b, A=b.A[rows], lo=b.lo[rows], hi=b.hi[rows], names=tuple(b.names[j] for j in rows))
+    x, _, ok = _newton(q[None], sub, np.zeros((1, k)), up[None], np.array([1e6]), np.zeros((1, 1 + len(rows))))
+    if ok[0]:
+        return float(kl_rows(x, q)[0]), x[0]
     cons = [{"type": "eq", "fun": lambda w: w.sum() - 1, "jac": lambda w: np.ones(k)}]
     if rows:
         A, lo, hi = b.A[rows], b.lo[rows], b.hi[rows]

@@ -54,7 +54,7 @@ from climb.runtime.targets import target_files
 from climb.stages.search.cheap import (experts_feature, experts_skill, halving, merged_feature, record_merge_scoring,
                                        shared_base)
 from climb.stages.search.common import (append, candidate_pool, final_mixture, fixed_candidates, mixture_space,
-                                        ok_sorted, pool_size, proxy_task, read_results, run_proxies)
+                                        ok_sorted, pool_size, proxy_task, read_results, run_proxies, search_bounds)
 from climb.stages.search.compare import compare, comparison_table, one_shot, replicates
 from climb.stages.tokenize import cluster_tokens
 
@@ -120,6 +120,7 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     feature_name = "merged models' objective" if search_cfg.merge else "experts' ensemble loss"
     results_log.repair(paths.search.results)
     space = mixture_space(cfg, cluster_tokens(paths))
+    space["bounds"] = search_bounds(cfg, space)
     if search_cfg.target_prior and fixed_candidates(cfg, space) is None:
         from climb.stages.search.affinity import target_affinity
         aff = target_affinity(cfg, paths, space["usable"])
