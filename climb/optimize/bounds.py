@@ -203,7 +203,7 @@ def _kl_ball(Y: np.ndarray, q: np.ndarray, r: float) -> np.ndarray:
         lam = np.exp(log_lam)[:, None]
         return lam * np.real(wrightomega(y / lam - 1 + lq - np.log(lam)))
     a, c = np.full(len(todo), np.log(1e-12)), np.full(len(todo), np.log(1e4))
-    for _ in range(80):  # the KL falls as lam grows
+    for _ in range(50):  # the KL falls as lam grows
         mid = 0.5 * (a + c)
         w = at(mid)
         over = (w * (np.log(np.maximum(w, 1e-300)) - lq)).sum(1) > r
@@ -315,7 +315,7 @@ def _kl_multiplier(V, b: Bounds, L, U, Y) -> tuple[np.ndarray, np.ndarray]:
     from the linear rules' multipliers `Y` (those of a far larger KL multiplier can stall it)."""
     a, c = np.full(len(V), np.log(1e-10)), np.full(len(V), np.log(1e6))
     X, _, done = _newton(V, b, L, U, np.exp(c), Y)
-    for _ in range(45):
+    for _ in range(30):
         mid = 0.5 * (a + c)
         Xm, _, ok = _newton(V, b, L, U, np.exp(mid), Y)
         over = kl_rows(Xm, b.natural) > b.kl_max
@@ -352,8 +352,9 @@ def _dykstra(V: np.ndarray, b: Bounds, L: np.ndarray, U: np.ndarray, max_cycles:
         incr[-1][active] = y - x
         X[active] = x
         if cycle % 10 == 9:
-            moved = np.abs(x - before).max(1)
-            active = active[(_violation(x, b, lo_, up_) > _CONVERGED) | (moved > _CONVERGED)]
+            moved, off = np.abs(x - before).max(1), _violation(x, b, lo_, up_)
+            hopeless = off > (1e-3 if cycle < 500 else 1e-5) if cycle >= 100 else np.zeros(len(x), bool)
+            active = active[((off > _CONVERGED) | (moved > _CONVERGED)) & ~hopeless]  # no mixture near: give up
     return X
 
 
