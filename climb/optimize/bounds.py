@@ -11,12 +11,14 @@ A `Bounds` holds every rule a mixture w (one weight per cluster, summing to 1) m
 - `kl_max` > 0: KL(w || natural) at most that many nats (`search.kl_max`).
 
 `infeasible` says whether any mixture obeys them all, and if none does, names the bounds that
-clash in one line (a linear or mixed-integer programme, scipy.optimize.milp; a convex solve for
-the least KL). `project` moves each row of a matrix of mixtures to the nearest point (Euclidean)
-that obeys them: Dykstra's alternating projections onto the capped simplex, the linear rows'
-slabs and the KL ball (each an exact projection), then `min_weight` by zeroing the small weights
-and projecting again on the remaining support. Rows it cannot bring inside are returned as they
-came out; `satisfied` tells them apart, and callers drop them.
+clash in one line (a linear or mixed-integer programme, scipy.optimize.milp; the least KL
+under the linear rules). `project` moves each row of a matrix of mixtures to the nearest point
+(Euclidean) that obeys them: semismooth Newton on the multipliers of the sum and the linear rows
+(a few of them, so a small system per row, all rows at once), the KL multiplier by bisection;
+rows Newton does not settle go to Dykstra's alternating projections onto the capped simplex, the
+linear rows' slabs and the KL ball; then `min_weight` by zeroing the small weights and
+projecting again on the remaining support. Rows it cannot bring inside come back outside;
+`satisfied` tells them apart, and callers drop them.
 
     from climb.optimize.bounds import from_config, infeasible, project, satisfied
     b = from_config({"cluster:0": [0.1, 0.3]}, {"natural": q, "max_weight": caps}, min_weight=0.02)
