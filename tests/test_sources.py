@@ -163,13 +163,19 @@ def test_a_run_folder_from_before_sources_still_reports(finished):
     assert "## By source" in paths.report.page.read_text()
 
 
-def test_the_source_column_enters_only_the_search_key(finished):
+def test_the_source_column_enters_only_the_search_key_and_only_with_a_source_bound(finished):
     from climb.stages import cluster, embed, search, tokenize
     cfg, paths = finished
     unset = dataclasses.replace(cfg, corpus=dataclasses.replace(cfg.corpus, source_column=""))
     other = dataclasses.replace(cfg, corpus=dataclasses.replace(cfg.corpus, source_column="label"))
     for stage in (embed, cluster, tokenize):
         assert stage.key(cfg, paths) == stage.key(unset, paths) == stage.key(other, paths)
-    assert len({search.key(cfg, paths), search.key(unset, paths), search.key(other, paths)}) == 3
+    # Views by source are worked out again from the column: no proxy is trained again for them.
+    assert search.key(cfg, paths) == search.key(unset, paths) == search.key(other, paths)
+
+    def bounded(c):
+        return dataclasses.replace(c, search=dataclasses.replace(c.search, bounds={"source:x": [0.0, 0.5]}))
+    assert len({search.key(bounded(cfg), paths), search.key(bounded(unset), paths),
+                search.key(bounded(other), paths)}) == 3
     # Unset, it is not in the key's data at all: a run folder made before it keeps its search key.
     assert "source_column" not in key_data(unset.corpus) and "source_column" in key_data(cfg.corpus)

@@ -146,6 +146,7 @@ def check_config(cfg: RunConfig) -> None:
     if cfg.search.final not in SEARCH_FINALS:
         raise ConfigError(f"search: unknown final pick {cfg.search.final!r}; choose one of: "
                           f"{', '.join(SEARCH_FINALS)}")
+    check_bounds(cfg.search)
     if cfg.search.candidates and cfg.search.final_top_k > 1:
         raise ConfigError("search.final_top_k > 1 averages mixtures, which leaves the candidate set "
                           "search.candidates; use 1")
@@ -177,6 +178,49 @@ def _check_objective_terms(cfg: RunConfig) -> None:
             raise ConfigError(f"target.objective: {m!r} is {kind}, but its goal is {g!r}"
                               f"{'' if m in t.goals else ' (target.goal)'}; set target.goals.{m} = "
                               f"'{named_goal(m)}'")
+
+
+BOUND_KINDS = ("cluster", "source")
+
+
+def parse_bound(key: str, value) -> tuple[str, str, float, float]:
+    """One entry of search.bounds as (kind, name, min, max): "cluster:<i>" or "source:<name>", and a
+    share (a pin: min = max) or [min, max], each in [0, 1]."""
+    kind, _, name = str(key).partition(":")
+    if kind not in BOUND_KINDS or not name.strip() or (kind == "cluster" and not name.isdigit()):
+        raise ConfigError(f"search.bounds: key {key!r} must be \"cluster:<index>\" (e.g. \"cluster:3\") or "
+                          f"\"source:<name>\" (e.g. \"source:code\")")
+    pair = list(value) if isinstance(value, (list, tuple)) else [value, value]
+    if len(pair) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair):
+        raise ConfigError(f"search.bounds.{key!r}: expected a share (a pin, e.g. 0.1) or [min, max] "
+                          f"(e.g. [0.05, 0.3]), got {value!r}")
+    lo, hi = float(pair[0]), float(pair[1])
+    if not (0 <= lo <= 1 and 0 <= hi <= 1):
+        raise ConfigError(f"search.bounds.{key!r}: shares lie in [0, 1], got {value!r}")
+    if lo > hi:
+        raise ConfigError(f"search.bounds.{key!r}: min {lo:g} is above max {hi:g}")
+    return kind, name.strip(), lo, hi
+
+
+def check_bounds(search_cfg) -> None:
+    """search.bounds and search.kl_max as far as the config alone tells: well-formed entries, and
+    minimums (pins count) that leave room for a mixture. Whether the corpus's clusters and sources
+    can meet them is checked before the search (climb.stages.search.common.check_bounds)."""
+    if not search_cfg.kl_max >= 0:
+        raise ConfigError(f"search.kl_max is a KL divergence from the natural mixture in nats (0: off), "
+                          f"so >= 0; got {search_cfg.kl_max}")
+    floors: dict[str, float] = {}
+    for key, value in search_cfg.bounds.items():
+        kind, name, lo, hi = parse_bound(key, value)
+        floors[kind] = floors.get(kind, 0.0) + lo
+        if kind == "cluster" and 0 < lo and hi < search_cfg.min_weight:
+            raise ConfigError(f"search.bounds.{key!r} keeps cluster {name} above 0 but below search.min_weight "
+                              f"= {search_cfg.min_weight:g} (a weight is 0 or at least that); allow 0 or at least "
+                              f"{search_cfg.min_weight:g}, or lower search.min_weight")
+    for kind, total in floors.items():
+        if total > 1 + 1e-9:
+            raise ConfigError(f"search.bounds: the {kind} minimums (pins count) sum to {total:.3g} > 1: no "
+                              f"mixture fits; lower them")
 
 
 # [proxy] fields the validation model may not change: it reads the search's token store.

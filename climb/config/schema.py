@@ -324,6 +324,15 @@ class SearchConfig:
     epoch_cap: float = 4.0
     # Weights below this are zeroed (and the rest renormalised).
     min_weight: float = 0.02
+    # Shares a team fixes, which every candidate trained and the pick obey, beside epoch_cap
+    # and min_weight: keys "cluster:<i>" (a cluster) or "source:<name>" (the clusters' tokens
+    # from that corpus source), each a number (that exact share) or [min, max], e.g.
+    # {"source:code" = 0.1, "cluster:3" = [0.05, 0.3]} (climb/optimize/bounds.py). A search
+    # no mixture can satisfy is refused before it trains anything, naming the bounds that clash.
+    bounds: dict[str, Any] = field(default_factory=dict)
+    # Every candidate and the pick keep KL(w || natural) at most this many nats: how far the
+    # mixture may stray from the corpus's own token shares. 0: off.
+    kl_max: float = 0.0
     # Mixtures closer than this (L1) to one already chosen are dropped.
     dedup_l1: float = 0.05
     pool_size: int = 100_000
@@ -625,7 +634,8 @@ ADDED_FIELDS = {
     "CorpusConfig": ("source_column",),
     "EmbedConfig": ("tune_sample", "store_dtype", "student"),
     "ClusterConfig": ("refit",),
-    "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens", "final_kl", "steadiness_boot", "target_prior"),
+    "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens", "final_kl", "steadiness_boot", "target_prior",
+                     "bounds", "kl_max"),
     "TargetConfig": ("lm_eval", "lm_eval_include", "contamination", "decontaminate", "weights", "goals"),
     "ExportConfig": ("format", "eod"),
 }

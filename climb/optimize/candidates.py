@@ -64,14 +64,16 @@ def dedupe(W: np.ndarray, min_l1: float) -> np.ndarray:
 
 def sample_candidates(prior: np.ndarray, n: int, rng: np.random.Generator, concentrations=None,
                       temperature: float = 1.0, min_weight: float = 0.0, max_weight: np.ndarray | None = None,
-                      dedupe_l1: float = 1e-3) -> np.ndarray:
+                      dedupe_l1: float = 1e-3, bounds=None) -> np.ndarray:
     """Up to n distinct mixtures from Dirichlet(c * p), p = prior**temperature renormalised.
 
     `concentrations` are total concentrations c (sum of the Dirichlet's alphas), mixed in
     equal shares; default d * (0.5, 1, 4) for d domains. Domains with prior 0 stay 0.
     Weights below `min_weight` are zeroed, then rows are capped at `max_weight` (water
-    filling; rows that cannot satisfy the caps are dropped), then near-duplicates
-    (L1 < dedupe_l1) are dropped, so fewer than n rows may come back.
+    filling; rows that cannot satisfy the caps are dropped); with `bounds`
+    (climb.optimize.bounds.Bounds) each row is moved to the nearest mixture that holds them
+    and rows that cannot be are dropped; then near-duplicates (L1 < dedupe_l1) are dropped,
+    so fewer than n rows may come back.
     """
     prior = np.asarray(prior, float)
     check_weights(prior, where="sample_candidates prior", tol=None)  # p is renormalised below, after the temperature
@@ -94,6 +96,10 @@ def sample_candidates(prior: np.ndarray, n: int, rng: np.random.Generator, conce
         if max_weight is not None:
             W = _cap(W, max_weight)
             W = W[(W <= max_weight + 1e-9).all(1) & np.isclose(W.sum(1), 1.0)]
+        if bounds is not None:
+            from climb.optimize.bounds import project, satisfied
+            W = project(W, bounds)
+            W = W[satisfied(W, bounds)]
         out = dedupe(np.vstack([out, W[rng.permutation(len(W))]]), dedupe_l1)
         if (have := len(out)) >= n:
             break

@@ -135,11 +135,17 @@ def pick_weights(X_seen, y_seen, goal: str, pool: np.ndarray, strategy: Strategy
                  natural=None) -> np.ndarray:
     """The weights `strategy.final` picks, `model` fitted on (X_seen, y_seen).
 
-    `bounds` (max_weight, min_weight): an averaged pick is projected back inside them
-    (climb.optimize.pick.project); `natural` with `strategy.final_kl` > 0: the predicted
-    pick pays final_kl * KL(w || natural) (in the objective's units), as Olmix's proposer does.
+    `bounds` (max_weight, min_weight), or a climb.optimize.bounds.Bounds: an averaged pick is
+    projected back inside them (climb.optimize.pick.project, climb.optimize.bounds.project), and
+    with a Bounds only mixtures that hold it are picked from (where none measured does, a
+    ValueError); `natural` with `strategy.final_kl` > 0: the predicted pick pays
+    final_kl * KL(w || natural) (in the objective's units), as Olmix's proposer does.
     """
+    from climb.optimize.bounds import Bounds
     s = goal_sign(goal)
+    team = bounds if isinstance(bounds, Bounds) else None
+    if team is not None:
+        X_seen, y_seen, pool = _holding(X_seen, y_seen, pool, team)
     if strategy.final == "seen":
         return X_seen[int(np.argmin(s * y_seen))]
     if strategy.final == "measured-predicted":
@@ -148,12 +154,33 @@ def pick_weights(X_seen, y_seen, goal: str, pool: np.ndarray, strategy: Strategy
     score = s * model.predict(C)
     if strategy.final_kl and natural is not None:
         score = score + strategy.final_kl * kl_to(C, natural)
-    w = C[np.argsort(score, kind="stable")[: max(1, strategy.final_top_k)]].mean(0)
+    order = np.argsort(score, kind="stable")
+    w = C[order[: max(1, strategy.final_top_k)]].mean(0)
     w = w / w.sum()
     if bounds is not None and strategy.final_top_k > 1:
-        from climb.optimize.pick import project
-        w = project(w, *bounds)
+        if team is None:
+            from climb.optimize.pick import project
+            return project(w, *bounds)
+        from climb.optimize.bounds import project as project_bounds
+        from climb.optimize.bounds import satisfied
+        p = project_bounds(w, team)[0]
+        if satisfied(p, team)[0]:
+            return p
+        log.warning("the mean of the top %d predicted mixtures could not be brought inside the bounds; the "
+                    "best predicted one is taken", strategy.final_top_k)
+        return C[order[0]]
     return w
+
+
+def _holding(X_seen, y_seen, pool, bounds):
+    """The measured mixtures and the pool's that hold the team's bounds (search.bounds, kl_max: a
+    fixed candidate set need not meet the caps and min_weight); a ValueError where no measured one does."""
+    from climb.optimize.bounds import satisfied
+    X_seen, pool = np.asarray(X_seen, float), np.asarray(pool, float)
+    ok = satisfied(X_seen, bounds, caps=False)
+    if not ok.any():
+        raise ValueError(f"none of the {len(X_seen)} measured mixtures holds the bounds")
+    return X_seen[ok], np.asarray(y_seen, float)[ok], pool[satisfied(pool, bounds, caps=False)] if len(pool) else pool
 
 
 def kl_to(W, natural) -> np.ndarray:

@@ -55,6 +55,8 @@ def check(cfg: RunConfig, paths, stages) -> None:
                          "tokenizer.json, or to \"\" to train one on the corpus")
     if "search" in stages or "validate" in stages or ("tokenize" in stages and cfg.target.decontaminate):
         check_target(cfg, paths.root, validates="validate" in stages)
+    if "search" in stages:
+        check_bound_sources(cfg, paths.root)
 
 
 def before(stage: str, cfg: RunConfig, paths) -> None:
@@ -103,6 +105,33 @@ def check_min_weight(cfg: RunConfig, paths) -> None:
         raise InputError(f"search.min_weight = {cfg.search.min_weight:g} for each of {k} clusters sums to "
                          f"{cfg.search.min_weight * k:.3g} > 1: no mixture fits; set search.min_weight to at "
                          f"most {1 / k:.4g} (1 / clusters), or 0")
+
+
+def check_bound_sources(cfg: RunConfig, run_dir: Path) -> None:
+    """Each "source:<name>" of search.bounds names one of the corpus's sources. Whether the clusters'
+    caps and sources can meet the bounds is checked once the clusters' tokens are known, before the
+    search (climb.stages.search.common.check_bounds)."""
+    from climb.config.checks import parse_bound
+    wanted = [name for kind, name, _, _ in (parse_bound(k, v) for k, v in cfg.search.bounds.items())
+              if kind == "source"]
+    if not wanted:
+        return
+    known = source_names(cfg, run_dir)
+    if known is None:
+        return
+    if not known:
+        raise InputError(f"search.bounds: source:{wanted[0]} bounds a corpus source, but the corpus has no "
+                         "sources; name them in the corpus config or bound clusters instead")
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise InputError(f"search.bounds: source:{unknown[0]}: the corpus has no source {unknown[0]!r}; its "
+                         f"sources are {', '.join(known)}")
+
+
+def source_names(cfg: RunConfig, run_dir: Path) -> list[str] | None:
+    """The corpus's source names (climb.io.sources.corpus_source_names)."""
+    from climb.io.sources import corpus_source_names
+    return list(corpus_source_names(cfg, resolve_corpus_files(cfg.corpus.paths, run_dir, cfg.corpus.max_shards)))
 
 
 # ----------------------------------------------------------------- the corpus

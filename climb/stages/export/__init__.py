@@ -261,6 +261,7 @@ def run(cfg: RunConfig, paths: RunPaths, weights: list[float] | None = None) -> 
     k = key(cfg, paths, weights)
     if weights is not None:  # refused before a previous export's files are removed
         check_weights(weights, paths.n_clusters(), "weights given")
+        _check_bounds(cfg, paths, weights)
     dest = destination(cfg, paths)
     check_destination(cfg, paths)
     manifest = paths.manifest("export")
@@ -311,6 +312,13 @@ def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: 
     if sources is not None:
         stats["by_source"] = sources
     blends = _blend_files(w, real_w, plan, by_cluster, prefixes, sources)
+    b = _bounds(cfg, paths)
+    if b is not None:
+        from climb.optimize.bounds import broken
+        stats["bounds_off"] = broken(real_w, b, tol=cfg.export.weight_tolerance, caps=False)
+        if stats["bounds_off"]:
+            log.warning("export: the realised weights break %s (beyond export.weight_tolerance = %g)",
+                        "; ".join(stats["bounds_off"]), cfg.export.weight_tolerance)
     if megatron:
         stats["megatron"] = {**export_megatron.stats_of(prefixes, paths.export.dir, dest), "dtype": trainer["dtype"],
                              "eod": trainer["eod"]}
@@ -321,6 +329,24 @@ def _export(cfg: RunConfig, paths: RunPaths, weights: list[float] | None, dest: 
     if dest:
         _publish(paths, dest, previous, blends, rels)
     return stats
+
+
+def _bounds(cfg: RunConfig, paths: RunPaths):
+    """The search's bounds (climb.optimize.bounds.Bounds; None without search.bounds and search.kl_max)."""
+    if not cfg.search.bounds and not cfg.search.kl_max:
+        return None
+    from climb.stages.search.common import run_space
+    return run_space(cfg, paths)["bounds"]
+
+
+def _check_bounds(cfg: RunConfig, paths: RunPaths, weights) -> None:
+    """Weights given by hand hold search.bounds and search.kl_max, or are refused naming the first they break."""
+    from climb.optimize.bounds import broken
+    b = _bounds(cfg, paths)
+    bad = broken(np.asarray(weights, float), b, caps=False) if b is not None else []
+    if bad:
+        raise InputError(f"the weights given break {bad[0]}; give weights inside search.bounds / search.kl_max "
+                         "or change them")
 
 
 def _megatron_settings(cfg: RunConfig) -> dict:

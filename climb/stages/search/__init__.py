@@ -56,8 +56,8 @@ from climb.runtime.layout import RunPaths
 from climb.runtime.targets import target_files
 from climb.stages.search.cheap import (experts_feature, experts_skill, halving, merged_feature, record_merge_scoring,
                                        shared_base)
-from climb.stages.search.common import (append, candidate_pool, final_mixture, fixed_candidates, mixture_space,
-                                        ok_sorted, pool_size, proxy_task, read_results, run_proxies)
+from climb.stages.search.common import (append, source_bounds, candidate_pool, final_mixture, fixed_candidates, mixture_space,
+                                        ok_sorted, pool_size, proxy_task, read_results, run_proxies, search_bounds)
 from climb.stages.search.compare import compare, comparison_table, one_shot, replicates
 from climb.stages.search.sources import by_source, write_source_shares
 from climb.stages.tokenize import cluster_tokens
@@ -105,7 +105,9 @@ def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False) -> str:
     parts = [upstream_key(paths, "tokenize"), *short_of(paths, cfg.proxy.read_cap()),
              without(cfg.proxy, "timeout_s", "curve_points", "curve_evals"),
              cfg.target, without(cfg.search, "retry_failed"), cfg.export.token_budget]
-    if cfg.corpus.source_column:  # unset, a run folder made before it keeps its key
+    # Sources change what the search does only through a bound on a source; the views by source
+    # are worked out again from the column (climb.stages.search.sources.load_source_shares).
+    if cfg.corpus.source_column and source_bounds(cfg):
         parts.append({"source_column": cfg.corpus.source_column})
     return digest(*parts) if legacy else digest(*parts, target_files(cfg.target, paths.root, paths.digests))
 
@@ -128,6 +130,7 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     space = mixture_space(cfg, cluster_tokens(paths))
     shares = write_source_shares(cfg, paths)
     space["sources"] = {"names": shares["names"], "share": np.asarray(shares["share"])}
+    space["bounds"] = search_bounds(cfg, space)
     if search_cfg.target_prior and fixed_candidates(cfg, space) is None:
         from climb.stages.search.affinity import target_affinity
         aff = target_affinity(cfg, paths, space["usable"])

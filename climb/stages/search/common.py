@@ -35,6 +35,51 @@ def mixture_space(cfg: RunConfig, tokens: np.ndarray) -> dict:
     return {"natural": natural, "uniform": uniform, "max_weight": cap, "usable": usable, "budget": budget}
 
 
+def search_bounds(cfg: RunConfig, space: dict):
+    """The bounds every candidate and the pick obey (climb.optimize.bounds.Bounds): search.bounds and
+    search.kl_max over the space's caps (search.epoch_cap), search.min_weight and, for source bounds,
+    `space["sources"]`. None when neither is set. A bound the space cannot hold, or bounds no mixture
+    meets together, raise InputError (one line naming them)."""
+    from climb.optimize.bounds import from_config, infeasible
+    search_cfg = cfg.search
+    if not search_cfg.bounds and not search_cfg.kl_max:
+        return None
+    budget = (f"export.token_budget = {cfg.export.token_budget:,}" if cfg.export.token_budget
+              else f"the corpus's {space['budget']:,} tokens")
+    b = from_config(search_cfg.bounds, space, search_cfg.min_weight, search_cfg.kl_max,
+                    caps_note=f"the epoch cap (search.epoch_cap = {search_cfg.epoch_cap:g} at {budget})")
+    why = infeasible(b)
+    if why:
+        raise InputError(why)
+    return b
+
+
+def run_space(cfg: RunConfig, paths) -> dict:
+    """The search's mixture space from the run's token store, with its bounds (`space["bounds"]`),
+    as the search builds it: for the checks before the search and for the export."""
+    from climb.stages.tokenize import cluster_tokens
+    space = mixture_space(cfg, cluster_tokens(paths))
+    if source_bounds(cfg):
+        from climb.stages.search.sources import load_source_shares
+        shares = load_source_shares(cfg, paths)
+        if shares:
+            space["sources"] = {"names": shares["names"], "share": np.asarray(shares["share"])}
+    space["bounds"] = search_bounds(cfg, space)
+    return space
+
+
+def source_bounds(cfg: RunConfig) -> bool:
+    """Whether search.bounds names a source (so the search depends on corpus.source_column)."""
+    return any(str(key).startswith("source:") for key in cfg.search.bounds)
+
+
+def check_bounds(cfg: RunConfig, paths) -> None:
+    """Before the search trains anything: search.bounds and search.kl_max against the clusters, their
+    caps and sources (InputError, one line, where they cannot be met). Nothing without bounds."""
+    if (cfg.search.bounds or cfg.search.kl_max) and (paths.tokenize.store / "index.json").exists():
+        run_space(cfg, paths)
+
+
 # ----------------------------------------------------------------- the loop
 def read_results(paths: RunPaths) -> list[dict]:
     """Every complete proxy record, the last one per (mixture id, seed)."""
@@ -60,7 +105,7 @@ def candidate_pool(cfg: RunConfig, space: dict, n: int, seed: int) -> np.ndarray
     def draw(prior, m: int, temperature: float) -> np.ndarray:
         return sample_candidates(prior, m, rng, concentrations=tuple(c * k for c in search_cfg.concentrations),
                                  temperature=temperature, min_weight=search_cfg.min_weight,
-                                 max_weight=space["max_weight"])
+                                 max_weight=space["max_weight"], bounds=space.get("bounds"))
     share = space.get("target")
     frac = search_cfg.target_prior if share is not None else 0.0
     if not frac:
@@ -76,8 +121,8 @@ def fixed_candidates(cfg: RunConfig, space: dict) -> np.ndarray | None:
     """The rows of `search.candidates` (None when unset) the proxies can train on, in file order.
 
     Columns named cluster_<i> are matched by name, others taken in cluster order. Rows
-    that put weight on a cluster too small for one proxy sequence and exact repeats are
-    dropped, and said so.
+    that put weight on a cluster too small for one proxy sequence, rows outside search.bounds
+    or search.kl_max, and exact repeats are dropped, and said so.
     """
     from climb.io.swarm_csv import cluster_order, read_weights
     if not cfg.search.candidates:
@@ -96,6 +141,16 @@ def fixed_candidates(cfg: RunConfig, space: dict) -> np.ndarray | None:
         log.warning("search.candidates: dropped %d of %d rows that weight clusters with too few tokens for a "
                     "proxy (clusters %s)", int((~keep).sum()), len(W), np.flatnonzero(~space["usable"]).tolist())
     W = W[keep]
+    if space.get("bounds") is not None:
+        from climb.optimize.bounds import satisfied
+        inside = satisfied(W, space["bounds"], caps=False)
+        if not inside.any():
+            raise InputError(f"search.candidates {path}: none of its {len(W)} usable rows holds search.bounds / "
+                             "search.kl_max; loosen them or give candidates inside them")
+        if not inside.all():
+            log.warning("search.candidates: dropped %d of %d rows outside search.bounds / search.kl_max",
+                        int((~inside).sum()), len(W))
+        W = W[inside]
     first = np.sort(np.unique(W, axis=0, return_index=True)[1])
     if len(first) < len(W):
         log.warning("search.candidates: dropped %d repeated rows", len(W) - len(first))
@@ -187,8 +242,10 @@ def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | 
     strategy = dc_replace(from_search_config(search_cfg), prior=prior)
     if rule is not None:
         strategy = dc_replace(strategy, final=rule, final_top_k=1)
+    bounds = space.get("bounds")
     pick = final_pick(X, y, cfg.target.goal, pool, strategy, search_cfg.seed,
-                      bounds=(space["max_weight"], search_cfg.min_weight), natural=space["natural"],
+                      bounds=bounds if bounds is not None else (space["max_weight"], search_cfg.min_weight),
+                      natural=space["natural"],
                       steadiness=search_cfg.steadiness_boot)
     w = np.where(space["usable"], pick["weights"], 0.0)
     w /= w.sum()
