@@ -2,11 +2,11 @@
 
 One earlier run is searched once for the module; each test works on a copy of its folder (a
 copied run folder redoes no stage), as a team would start the next version of its corpus. The
-proxies are an in-process stand-in (`proxy.lookup` with its look-up replaced): a plane in the
-weights with seed noise, which the search's predictor (`linear`) can fit, and whose landscape a
-test can keep, shift or reverse between the runs (`WORLD`), so that what the confirmation round
-should find is known. (On a curved landscape a predictor's best predicted mixtures are predicted
-too well, and near-ties rank by noise: see the module docstring of climb/stages/search/reuse.py.)
+proxies are an in-process stand-in (`proxy.lookup` with its look-up replaced): a curved bowl in
+the weights, lowest inside the simplex, plus seed noise drawn per (corpus version, seed, mixture),
+so that the next version's proxies have fresh noise as a changed token store gives them. A test
+keeps, shifts, stretches or reverses the landscape between the runs (`WORLD`), so what the
+confirmation round should find is known.
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import json
 import re
 import shutil
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,25 +22,28 @@ from conftest import FakeModel, vocab_docs, write_parquet_shards
 
 ITERATIONS = (8, 6, 4)
 NOISE = 0.01
-WORLD = {"mode": "same", "calls": 0}  # how the stand-in proxy scores: the landscape, and proxies trained
+CENTRE = np.array([0.45, 0.3, 0.15, 0.1])  # the bowl's lowest point
+# How the stand-in proxy scores: the landscape, the corpus version its noise is drawn for, proxies trained.
+WORLD = {"mode": "same", "version": "v1", "calls": 0}
 
 
 def _bowl(task):
-    """A plane in the weights, lowest on the first cluster, plus noise per (mixture, seed);
-    "reversed" turns the landscape upside down, "shifted" adds a constant."""
+    """0.5 |w - CENTRE|^2 plus noise per (version, mixture, seed); "shifted" adds a constant,
+    "stretched" doubles every difference, "reversed" turns the bowl upside down."""
     WORLD["calls"] += 1
     w = np.asarray(task.weights, float)
-    d = float(w @ np.linspace(0.0, 1.0, len(w)))
-    d = {"same": d, "shifted": d + 0.03, "reversed": 1.0 - d}[WORLD["mode"]]
-    rng = np.random.default_rng([int(task.seed), zlib.crc32(np.round(w, 6).tobytes())])
-    return {"loss": d + float(rng.normal(0, NOISE))}, 0
+    d = 0.5 * float(((w - CENTRE) ** 2).sum())
+    d = {"same": d, "shifted": d + 0.03, "stretched": 2 * d, "reversed": 1.0 - d}[WORLD["mode"]]
+    rng = np.random.default_rng([zlib.crc32(WORLD["version"].encode()), int(task.seed),
+                                 zlib.crc32(np.round(w, 6).tobytes())])
+    return {"loss": 1.0 + d + float(rng.normal(0, NOISE))}, 0
 
 
 @pytest.fixture(autouse=True)
 def _world(monkeypatch):
     import climb.runtime.proxy_runs
     monkeypatch.setattr(climb.runtime.proxy_runs, "_lookup", _bowl)
-    WORLD.update(mode="same", calls=0)
+    WORLD.update(mode="same", version="v2", calls=0)
     yield
 
 
@@ -63,13 +65,13 @@ def earlier(tmp_path_factory):
         f'proxy.lookup="{root}/table.csv"', f'proxy.lookup_weights="{root}/table.csv"',
         'target.objective=["loss"]', f'target.texts=["{root}/target.jsonl"]', "target.contamination=0",
         f"search.iterations={list(ITERATIONS)}", "search.pool_size=2000", "search.min_weight=0.0",
-        "search.epoch_cap=100.0", 'search.predictor="linear"', "search.dedup_l1=0.3", "search.steadiness_boot=0", "search.replicates=2",
+        "search.epoch_cap=100.0", "search.steadiness_boot=0", "search.replicates=2",
         "search.replicate_seeds=2", "search.eval_seeds=3", "export.token_budget=3000"])
     paths = RunPaths(root / "v1")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(climb.stages.embed, "load_model", lambda c: FakeModel())
         mp.setattr(climb.runtime.proxy_runs, "_lookup", _bowl)
-        WORLD.update(mode="same")
+        WORLD.update(mode="same", version="v1")
         for stage in (embed, cluster, tokenize, search):
             stage.run(cfg, paths)
     paths.save_config(cfg)
@@ -102,22 +104,60 @@ def test_decide_names_the_three_outcomes():
     assert decide(agreement(p, p + 0.001 * np.arange(4)), None, 0.2)[0] == "drifted"  # no noise to judge by
     assert decide(agreement(p, p[::-1]), 0.01, 0.2)[0] == "fails"
     assert decide(agreement(p[:2], p[:2]), 0.01, 0.2)[0] == "fails"  # too few to judge
+    # A residual 2.5x the noise: beyond what noise known exactly gives, within what a noise
+    # measured on 6 degrees of freedom may hide.
+    wide = agreement(p, p + 0.025 * np.array([-1.0, 1.0, 1.0, -1.0]) / np.std([-1, 1, 1, -1], ddof=1))
+    assert wide["residual_sd"] == pytest.approx(0.025)
+    assert decide(wide, 0.01, 0.2)[0] == "drifted" and decide(wide, 0.01, 0.2, noise_df=6)[0] == "holds"
 
 
-# ----------------------------------------------------------------- holds, fails
-def test_an_unchanged_corpus_holds_and_trains_the_confirmation_and_the_last_iteration(earlier, tmp_path):
+def test_the_noise_of_a_difference_and_the_round_spread_over_the_values():
+    from climb.stages.search.reuse import difference_noise, spread_over_values
+    assert difference_noise({"paired_sd": 0.01, "seed_sd": 0.05}) == pytest.approx(0.01 * 2 ** 0.5)
+    assert difference_noise({"paired_sd": None}) is None
+    recs = [{"mixture_id": f"m{i}", "objective": v} for i, v in enumerate([3.0, 1.0, 2.0, 5.0, 4.0, 0.5, 6.0])]
+    got = [r["objective"] for r in spread_over_values(recs, 3, "minimize")]
+    assert got == [2.0, 4.0, 6.0]  # ranks 2, 4, 6 of 0..6: the best left to the pick, the worst taken
+    assert [r["objective"] for r in spread_over_values(recs, 3, "maximize")] == [4.0, 2.0, 0.5]
+    assert len(spread_over_values(recs[:2], 3, "minimize")) == 2
+
+
+# ----------------------------------------------------------------- holds, drifted, fails
+def _round(paths, earlier_root) -> list[dict]:
+    """The confirmation round, each mixture beside the earlier record it repeats."""
+    old = {r["mixture_id"]: r for r in _records(type(paths)(earlier_root))}
+    plan = json.loads(paths.search.reuse_plan.read_text())["mixtures"]
+    return [(m, old.get(m["earlier"])) for m in plan]
+
+
+@pytest.mark.parametrize("version", ["v2", "v1"], ids=["fresh noise", "the same windows"])
+def test_an_unchanged_corpus_holds_and_trains_the_confirmation_and_the_last_iteration(earlier, tmp_path, version):
     from climb.stages import search
     from climb.stages.report import quality_lines
     cfg, paths = _next(earlier, tmp_path)
+    WORLD["version"] = version  # v2: the update drew other windows; v1: it drew the same
     stats = search.run(cfg, paths)
     recs = _records(paths)
-    assert stats["reuse"]["decision"] == "holds", json.loads(paths.search.reuse.read_text())
+    rep = json.loads(paths.search.reuse.read_text())
+    assert stats["reuse"]["decision"] == "holds", rep
+    assert rep["spearman"] >= 0.5 and rep["residual_sd"] <= rep["residual_limit"]
+    assert rep["noise"] == pytest.approx(2 ** 0.5 * rep["paired_sd"])
+    if version == "v1":  # same seed, same data: the same proxy, so the same value
+        assert rep["bias"] == 0 and rep["residual_sd"] == 0
     assert len(recs) == ITERATIONS[-1] + ITERATIONS[-1]  # the confirmation round, then the last iteration
     assert sum(r["mixture_id"].startswith("reuse-") for r in recs) == ITERATIONS[-1]
     assert {r["iteration"] for r in recs} == {0, len(ITERATIONS) - 1}
-    first = json.loads(paths.search.reuse_plan.read_text())["mixtures"][0]
-    np.testing.assert_allclose(first["weights"], json.loads((earlier[1] / "search" / "mixture.json").read_text())
-                               ["weights"], atol=1e-9)  # the earlier pick is confirmed first
+    # The round repeats earlier measurements with their seeds: the pick first, then values spread
+    # from near the best to the worst the earlier run measured.
+    pairs = _round(paths, earlier[1])
+    np.testing.assert_allclose(pairs[0][0]["weights"], json.loads((earlier[1] / "search" / "mixture.json")
+                                                                  .read_text())["weights"], atol=1e-9)
+    for m, old in pairs:
+        assert old is not None and m["weights"] == old["weights"] and m["seed"] == old["seed"]
+        assert m["expected"] == old["objective"]
+    expected = [m["expected"] for m, _ in pairs]
+    assert expected == sorted(expected) and expected[-1] == max(r["objective"] for r in _records(
+        type(paths)(earlier[1])))
     # The pick is one of this run's own measured mixtures, never an earlier record.
     mix = json.loads(paths.search.mixture.read_text())
     assert mix["best_seen"]["mixture_id"] in {r["mixture_id"] for r in recs}
@@ -126,6 +166,29 @@ def test_an_unchanged_corpus_holds_and_trains_the_confirmation_and_the_last_iter
     assert q["reuse"]["decision"] == "holds" and q["reuse"]["noise"] > 0
     assert q["swarm_sd"] is None  # a chosen round is no swarm
     assert "search.reuse" in quality_lines(q) and "holds" in quality_lines(q)
+
+
+def test_a_shifted_landscape_still_holds_with_the_bias_measured(earlier, tmp_path):
+    from climb.stages import search
+    cfg, paths = _next(earlier, tmp_path)
+    WORLD["mode"] = "shifted"
+    search.run(cfg, paths)
+    rep = json.loads(paths.search.reuse.read_text())
+    assert rep["decision"] == "holds" and rep["bias"] == pytest.approx(0.03, abs=2 * NOISE)
+
+
+def test_a_stretched_landscape_drifted_and_runs_the_last_two_iterations(earlier, tmp_path, caplog):
+    from climb.stages import search
+    cfg, paths = _next(earlier, tmp_path)
+    WORLD["mode"] = "stretched"  # the same order, every difference doubled
+    with caplog.at_level("WARNING"):
+        stats = search.run(cfg, paths)
+    rep = json.loads(paths.search.reuse.read_text())
+    assert stats["reuse"]["decision"] == "drifted", rep
+    assert rep["spearman"] >= 0.5 and rep["residual_sd"] > rep["residual_limit"]
+    assert len(_records(paths)) == ITERATIONS[-1] + sum(ITERATIONS[-2:])
+    assert any("search.reuse" in r.message and "drifted" in r.message for r in caplog.records
+               if r.levelname == "WARNING")
 
 
 def test_a_reversed_landscape_falls_back_to_the_full_search(earlier, tmp_path, caplog):
@@ -142,13 +205,15 @@ def test_a_reversed_landscape_falls_back_to_the_full_search(earlier, tmp_path, c
     assert q["reuse"]["spearman"] < 0
 
 
-def test_a_shifted_landscape_still_holds_with_the_bias_measured(earlier, tmp_path):
-    from climb.stages import search
-    cfg, paths = _next(earlier, tmp_path)
-    WORLD["mode"] = "shifted"
-    search.run(cfg, paths)
-    rep = json.loads(paths.search.reuse.read_text())
-    assert rep["decision"] == "holds" and rep["bias"] == pytest.approx(0.03, abs=0.02)
+def test_a_pick_the_search_never_trained_is_expected_at_its_comparison(earlier):
+    from climb.runtime.layout import RunPaths
+    from climb.stages.search.reuse import _pick_measured, earlier_records
+    ep = RunPaths(earlier[1])
+    old = earlier_records(ep)
+    assert _pick_measured(ep, old, old[3]["weights"]) is old[3]
+    got = _pick_measured(ep, old, [0.1, 0.2, 0.3, 0.4])  # search.final = "predicted" may pick such a mixture
+    want = json.loads(ep.search.comparison.read_text())[f"climb/{earlier[0].search.eval_seed}"]
+    assert got["seed"] == earlier[0].search.eval_seed and got["objective"] == want["objective"]
 
 
 # ----------------------------------------------------------------- refusals, before any proxy

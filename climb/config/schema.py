@@ -402,8 +402,8 @@ class SearchConfig:
     # The folder of an earlier run whose finished search (its results.jsonl, quality.json
     # and mixture.json) enters this search as prior evidence, for a corpus that changed
     # under the same clusters, tokenizer, proxies and target (refused otherwise). A
-    # confirmation round of search.iterations[-1] proxies checks the earlier predictor on
-    # the new token store; as it holds, drifted or fails, the search runs its last
+    # confirmation round of search.iterations[-1] proxies repeats the earlier run's
+    # measurements on the new token store; as it holds, drifted or fails, the search runs its last
     # iteration, its last two, or all of them (climb/stages/search/reuse.py). "": off.
     reuse: str = ""
 

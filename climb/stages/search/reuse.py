@@ -2,8 +2,8 @@
 
 A corpus update (a shard added or replaced, `cluster.refit = false`) keeps the clusters, the
 tokenizer and the proxies; only the token store changed. With `search.reuse` naming the earlier
-run's folder, its finished search (`search/results.jsonl`, `quality.json`, `mixture.json`)
-enters this search as prior evidence, after a check on the new corpus:
+run's folder, its finished search (`search/results.jsonl`, `quality.json`, `mixture.json`,
+`comparison.json`) enters this search as prior evidence, after a check on the new corpus:
 
 1. `check` (before any proxy trains; climb.runtime.preflight.before and the stage itself):
    refused, with one line naming what differs, where the earlier run has no finished search,
@@ -11,18 +11,22 @@ enters this search as prior evidence, after a check on the new corpus:
    tokenize/tokenizer.json), another target (objective, goal, weights, target files by what
    they hold) or other proxies ([proxy] as the search key sees it, and search.base). All by
    content; the earlier search must also be up to date with its own config.toml and inputs.
-2. `confirm`: the predictor (search.predictor) fitted on the earlier records predicts a
-   **confirmation round** of `search.iterations[-1]` mixtures: the earlier run's pick and the
-   earlier predictor's best predicted others of a fresh pool (at least search.dedup_l1 apart).
-   They train on this run's token store as any search proxy (plan saved first in
-   `search/reuse_plan.json`, records appended to results.jsonl, iteration 0, ids `reuse-<j>`),
-   and their measured values are set against the predicted ones (`agreement`).
+2. `confirm`: a **confirmation round** of `search.iterations[-1]` mixtures the earlier run
+   measured: its pick, and records spread over the range of its measured values (evenly spaced
+   ranks from best to worst). Each trains on this run's token store with the earlier record's
+   seed, as any search proxy (plan saved first in `search/reuse_plan.json`, records appended to
+   results.jsonl, iteration 0, ids `reuse-<j>`), and its new value is set against its earlier
+   measurement (`agreement`): like against like, so the residual is a difference of two
+   measurements, judged against the noise of such a difference (`difference_noise`), and the
+   values' spread makes their Spearman mean something. (A predictor's values at its own best
+   mixtures would be optimistic, and those mixtures nearly tie: their ranking is noise.)
 3. `decide`: **holds**, **drifted** or **fails** (the thresholds and why: there). Holds: the
    earlier records, shifted by the measured bias, join this run's in the predictor and the
-   search runs its last iteration alone; drifted: the earlier predictor becomes a feature the
-   predictor fits a line in (climb.optimize.experts.ExpertPrior: a slope >= 0 and an intercept,
-   so a shifted or flattened landscape is discounted by the data) and the search runs its last
-   two iterations; fails: the normal full search, the earlier records unused.
+   search runs its last iteration alone; drifted: the earlier predictor (search.predictor fitted
+   on the earlier records) becomes a feature the predictor fits a line in
+   (climb.optimize.experts.ExpertPrior: a slope >= 0 and an intercept, so a shifted, stretched or
+   flattened landscape is discounted by the data) and the search runs its last two iterations;
+   fails: the normal full search, the earlier records unused.
 
 The final pick is made over this run's measured mixtures alone, by the run's rule (with the
 earlier predictor as a feature where it held or drifted): an earlier measurement is never a
@@ -40,35 +44,44 @@ import numpy as np
 from climb.config import RunConfig, digest, without
 from climb.io.errors import InputError
 from climb.io.files import read_json, write_json
-from climb.optimize.predictor import make_predictor, propose
+from climb.optimize.predictor import make_predictor
 from climb.runtime import results as results_log
 from climb.runtime.layout import RunPaths
-from climb.stages.search.common import (append, candidate_pool, fixed_candidates, ok_sorted, pool_size, proxy_task,
-                                        read_results, run_proxies)
+from climb.stages.search.common import append, ok_sorted, proxy_task, read_results, run_proxies
 
 log = logging.getLogger(__name__)
 
-# The earlier evidence holds where the confirmation round's residuals (measured less predicted,
-# the mean bias removed) spread no more than this many times the earlier run's paired seed noise,
-# and its measured values rank as predicted with at least this Spearman. Two noise sd: a residual
-# holds the new proxy's own noise, the earlier predictor's error and any drift, and with a few
-# proxies its sd is estimated on few degrees of freedom (3 of 4 has a 1% chance above 2x from noise
-# alone); a Spearman of 0.5 on 4 mixtures asks that they rank nearly as predicted. A bias alone is
-# what a corpus update does to every mixture (the windows change) and is removed, as long as it
-# stays within the earlier swarm's spread: a shift larger than the differences the search chose
-# among says the landscape moved more than it can be trusted to have moved evenly.
-HOLD_RESIDUAL_NOISE = 2.0
+# The earlier evidence holds where the confirmation round's residuals (new less earlier
+# measurement of each mixture, the mean bias removed) spread no more than noise alone would spread
+# them but once in HOLD_RESIDUAL_ALPHA**-1 times, and the new values rank as the earlier ones with
+# at least HOLD_SPEARMAN.
+# - The residual: its variance over the noise of a difference (`difference_noise`) squared is, on
+#   an unchanged landscape, an F(n - 1, noise_df) variable: n - 1 degrees of freedom in the round
+#   (the bias takes one), noise_df in the earlier run's estimate of the noise (quality.json's
+#   `noise_df`; few, from its replicates and comparison). Its 99% point is the bound
+#   (`residual_limit`): with many noise df and 4 proxies, 1.94x the noise; with the 6 a small run
+#   has, 3.1x, because a noise measured on 6 df is itself often low by a third. So an unchanged
+#   landscape holds 99 times in 100, and a reshaping of the differences by a few noise sd does not.
+# - The Spearman: the round spans the earlier values from best to worst, so on an unchanged
+#   landscape its mixtures stand several noise sd apart and rank as before; 0.5 on 4 allows one
+#   neighbouring pair swapped (0.8) but not two.
+# - A bias alone is what a corpus update does to every mixture (the windows change) and is removed,
+#   as long as it stays within the earlier swarm's spread: a shift larger than the differences the
+#   search chose among says the landscape moved more than it can be trusted to have moved evenly.
+HOLD_RESIDUAL_ALPHA = 0.01
 HOLD_SPEARMAN = 0.5
 HOLD_BIAS_SPREAD = 1.0
-# Below this Spearman (the measured values rank against the predicted ones), the earlier
+# Below this Spearman (the new values rank against the earlier ones), the earlier
 # evidence points the wrong way and is dropped; from it up to HOLD_SPEARMAN it is a discounted
 # feature whose weight the new proxies fit.
 DRIFT_SPEARMAN = 0.0
 # Fewer successful confirmation proxies than this cannot judge a ranking: the search starts over.
 MIN_CONFIRMED = 3
 CONFIRMATION = "reuse-"  # mixture ids of the confirmation round
-EVIDENCE = ("results.jsonl", "quality.json", "mixture.json")
-POOL_SEED = 77_777  # the confirmation round's pool, apart from every iteration's
+# What reuse reads of the earlier search (comparison.json: its pick's measurement, where the pick
+# was not among its search's proxies).
+EVIDENCE = ("results.jsonl", "quality.json", "mixture.json", "comparison.json")
+SAME_L1 = 1e-9  # weights this close (L1) are the same mixture: an earlier measurement applies
 
 
 # ----------------------------------------------------------------- the earlier run, and refusals
@@ -205,36 +218,65 @@ def earlier_records(ep: RunPaths) -> list[dict]:
             and math.isfinite(r["objective"])]
 
 
-def agreement(predicted, measured) -> dict:
-    """How the confirmation round's measured values meet the earlier predictor's: Spearman, the
-    mean bias (measured - predicted) and the residuals' sd once it is removed."""
+def difference_noise(quality: dict) -> float | None:
+    """The sd of one mixture's measurement on this corpus less its measurement on the earlier one,
+    where the corpus change alone moves it: sqrt(2) x the earlier run's `paired_sd`.
+
+    `paired_sd` (climb.optimize.quality.noise) is the sd of ONE proxy's mixture x seed interaction:
+    the part of its seed noise that does not cancel between mixtures trained with the same seed. It
+    is not yet a difference. A confirmation proxy repeats an earlier measurement with the earlier
+    seed on the new token store, and its residual (new less old, the mean bias removed) is a
+    difference of two such measurements: their common seed effect (`seed_sd`'s remainder) is shared
+    by every mixture of the round, so the bias takes it away, and what is left is two interactions,
+    sqrt(2) x paired_sd where the new windows make the new interaction independent of the old (less
+    where the data barely changed, none where it did not: same seed and same data give the same
+    proxy). sqrt(2) x `seed_sd` would count the common seed effect the bias has removed, and so let
+    a larger drift pass as noise."""
+    p = quality.get("paired_sd")
+    return None if p is None or not math.isfinite(p) else math.sqrt(2.0) * p
+
+
+def agreement(expected, measured) -> dict:
+    """How the confirmation round's measured values meet the earlier run's measurements of the same
+    mixtures: Spearman, the mean bias (new - earlier) and the residuals' sd once it is removed."""
     from scipy.stats import spearmanr
 
     from climb.optimize.predictor import is_constant
-    p, m = np.asarray(predicted, float), np.asarray(measured, float)
+    p, m = np.asarray(expected, float), np.asarray(measured, float)
     r = m - p
     rho = None if len(m) < 2 or is_constant(p) or is_constant(m) else float(spearmanr(p, m).statistic)
     return {"n": int(len(m)), "spearman": rho, "bias": float(r.mean()) if len(r) else None,
             "residual_sd": float(np.std(r - r.mean(), ddof=1)) if len(r) > 1 else None}
 
 
-def decide(fit: dict, noise: float | None, spread: float | None) -> tuple[str, str]:
-    """("holds" | "drifted" | "fails", why) from `agreement`'s figures, the earlier run's paired
-    noise and its first iteration's spread (the thresholds: this module's constants)."""
+def residual_limit(noise: float, n: int, noise_df: int | None) -> float:
+    """The residual sd that noise alone exceeds with chance HOLD_RESIDUAL_ALPHA, for n confirmation
+    proxies and a noise of a difference estimated on noise_df degrees of freedom (None: known)."""
+    from scipy.stats import chi2, f
+    q = (f.ppf(1 - HOLD_RESIDUAL_ALPHA, n - 1, noise_df) if noise_df else
+         chi2.ppf(1 - HOLD_RESIDUAL_ALPHA, n - 1) / (n - 1))
+    return float(noise * math.sqrt(q))
+
+
+def decide(fit: dict, noise: float | None, spread: float | None, noise_df: int | None = None) -> tuple[str, str]:
+    """("holds" | "drifted" | "fails", why) from `agreement`'s figures, the noise of a difference
+    (`difference_noise`) and the degrees of freedom it was measured on, and the earlier swarm's
+    spread (the thresholds: this module's constants)."""
     rho, bias, sd = fit["spearman"], fit["bias"], fit["residual_sd"]
     if fit["n"] < MIN_CONFIRMED or rho is None:
         return "fails", f"{fit['n']} confirmation proxies measured with a spread, {MIN_CONFIRMED} needed to judge"
     if rho < DRIFT_SPEARMAN:
-        return "fails", f"the new values rank against the earlier predictor's (Spearman {rho:.2f})"
-    holds = [rho >= HOLD_SPEARMAN, noise is not None and noise > 0 and sd <= HOLD_RESIDUAL_NOISE * noise,
+        return "fails", f"the new values rank against the earlier ones (Spearman {rho:.2f})"
+    limit = residual_limit(noise, fit["n"], noise_df) if noise else None
+    holds = [rho >= HOLD_SPEARMAN, limit is not None and sd <= limit,
              spread is None or abs(bias) <= HOLD_BIAS_SPREAD * spread]
+    bound = f"{limit:.4g} (noise alone passes it {HOLD_RESIDUAL_ALPHA:.0%} of the time)" if limit else ""
     if all(holds):
-        return "holds", (f"residual sd {sd:.4g} within {HOLD_RESIDUAL_NOISE:g}x the paired noise {noise:.4g}, "
-                         f"Spearman {rho:.2f}")
+        return "holds", f"residual sd {sd:.4g} within {bound}, Spearman {rho:.2f}"
     why = [f"Spearman {rho:.2f} < {HOLD_SPEARMAN:g}"] if not holds[0] else []
     if not holds[1]:
         why.append("the earlier run measured no paired noise" if not noise else
-                   f"residual sd {sd:.4g} > {HOLD_RESIDUAL_NOISE:g}x the paired noise {noise:.4g}")
+                   f"residual sd {sd:.4g} > {bound}")
     if not holds[2]:
         why.append(f"bias {bias:+.4g} beyond the earlier swarm's spread {spread:.4g}")
     return "drifted", "; ".join(why)
@@ -250,24 +292,66 @@ def _in_space(w, space: dict, min_weight: float) -> np.ndarray:
     return w
 
 
-def confirmation_plan(cfg: RunConfig, paths: RunPaths, space: dict, feature: EarlierFeature,
-                      pick: list[float]) -> dict:
-    """The confirmation round (saved, so a resumed search trains the same mixtures): the earlier
-    pick and the earlier predictor's best predicted others of a fresh pool, each with its prediction."""
+def _same(a, b) -> bool:
+    return float(np.abs(np.asarray(a, float) - np.asarray(b, float)).sum()) < SAME_L1
+
+
+def _pick_measured(ep: RunPaths, old: list[dict], pick) -> dict | None:
+    """The earlier run's measurement of its own pick: its search record (search.final "seen" or
+    "measured-predicted" pick a measured mixture), else its first comparison seed's."""
+    for r in old:
+        if _same(r["weights"], pick):
+            return r
+    if not ep.search.comparison.exists():
+        return None
+    runs = read_json(ep.search.comparison)
+    for k in sorted((k for k in runs if k.startswith("climb/")), key=lambda k: int(k.split("/", 1)[1])):
+        r = runs[k]
+        if r.get("status") == "ok" and r.get("objective") is not None and math.isfinite(r["objective"]):
+            return r
+    return None
+
+
+def spread_over_values(records: list[dict], n: int, goal: str) -> list[dict]:
+    """n of the earlier measured records spread over the range of their measured values: sorted
+    from best to worst (mixture id breaking ties), those at the evenly spaced ranks j (N-1)/n,
+    j = 1..n (the best itself left out: the earlier pick stands for it); all of them where N <= n.
+    A fixed rule, so the round is the same on every resume and for every search.seed."""
+    from climb.optimize.predictor import goal_sign
+    ranked = sorted(records, key=lambda r: (goal_sign(goal) * r["objective"], r["mixture_id"]))
+    if len(ranked) <= n:
+        return ranked
+    at = np.floor(np.linspace(0, len(ranked) - 1, n + 1)[1:] + 0.5).astype(int)
+    return [ranked[i] for i in at]
+
+
+def confirmation_plan(cfg: RunConfig, paths: RunPaths, space: dict, ep: RunPaths, old: list[dict]) -> dict:
+    """The confirmation round (saved, so a resumed search trains the same mixtures): mixtures the
+    earlier run measured, each with the earlier seed and the earlier value it is expected to repeat.
+
+    The earlier pick first (its expected value is its earlier measurement: `_pick_measured`; none
+    where it was never measured at weights this run can train), then `search.iterations[-1] - 1`
+    of the earlier records spread over the range of their measured values (`spread_over_values`),
+    among those this run's space trains as they were (no cluster gone unusable, no epoch cap
+    newly exceeded) and apart from the pick. Each is set against a measurement, not a prediction:
+    a prediction at the earlier optimum is optimistic, and mixtures near it nearly tie."""
     if paths.search.reuse_plan.exists():
         return read_json(paths.search.reuse_plan)
     search_cfg = cfg.search
     n = search_cfg.iterations[-1]
+    pick = read_json(ep.search.mixture)["weights"]
     first = _in_space(pick, space, search_cfg.min_weight)
-    W, pred = first[None], list(feature(first[None]))
-    if n > 1:
-        fixed = fixed_candidates(cfg, space)
-        pool = fixed if fixed is not None else candidate_pool(cfg, space, pool_size(cfg), search_cfg.seed + POOL_SEED)
-        others, p = propose(W, np.zeros(1), cfg.target.goal, pool, min(n - 1, len(pool)), explore_frac=0.0,
-                            min_l1=search_cfg.dedup_l1, fit=lambda X, y: feature.model)
-        W, pred = np.vstack([W, others]), pred + list(p)
-    plan = {"mixtures": [{"mixture_id": f"{CONFIRMATION}{j:03d}", "weights": w.tolist(), "predicted": float(v)}
-                         for j, (w, v) in enumerate(zip(W, pred))]}
+    seen = _pick_measured(ep, old, pick) if _same(first, pick) else None
+    # The measured weights to the bit (the pick's were normalised again), the seed they had.
+    rows = [(seen["weights"] if seen else first, seen["seed"] if seen else search_cfg.seed, seen)]
+    kept = [r for r in old if not _same(r["weights"], pick)
+            and _same(_in_space(r["weights"], space, search_cfg.min_weight), r["weights"])]
+    rows += [(np.asarray(r["weights"], float), r["seed"], r)
+             for r in spread_over_values(kept, n - 1, cfg.target.goal)] if n > 1 else []
+    plan = {"mixtures": [{"mixture_id": f"{CONFIRMATION}{j:03d}", "weights": np.asarray(w, float).tolist(),
+                          "seed": int(seed), "earlier": r["mixture_id"] if r else None,
+                          "expected": float(r["objective"]) if r else None}
+                         for j, (w, seed, r) in enumerate(rows)]}
     write_json(paths.search.reuse_plan, plan)
     return plan
 
@@ -285,46 +369,53 @@ def confirm(cfg: RunConfig, paths: RunPaths, ex, space: dict, base: str = "") ->
     if len(old) < 2:
         raise InputError(f"search.reuse {search_cfg.reuse}: its search holds {len(old)} successful proxies; a "
                          "predictor needs at least 2")
-    X, y = np.array([r["weights"] for r in old]), np.array([r["objective"] for r in old])
-    feature = EarlierFeature(make_predictor(search_cfg.predictor, seed=search_cfg.seed).fit(X, y))
-    plan = confirmation_plan(cfg, paths, space, feature, read_json(ep.search.mixture)["weights"])
-    done = {r["mixture_id"] for r in read_results(paths) if not results_log.retry(r, search_cfg.retry_failed)}
-    todo = [m for m in plan["mixtures"] if m["mixture_id"] not in done]
+    plan = confirmation_plan(cfg, paths, space, ep, old)
+    done = {(r["mixture_id"], r["seed"]) for r in read_results(paths)
+            if not results_log.retry(r, search_cfg.retry_failed)}
+    todo = [m for m in plan["mixtures"] if (m["mixture_id"], m["seed"]) not in done]
     if todo:
         log.info("search.reuse %s: confirmation round, %d proxies (%d already done)", search_cfg.reuse, len(todo),
                  len(plan["mixtures"]) - len(todo))
-        run_proxies(cfg, ex, [proxy_task(cfg, paths, m["mixture_id"], 0, m["weights"], search_cfg.seed, base=base)
+        run_proxies(cfg, ex, [proxy_task(cfg, paths, m["mixture_id"], 0, m["weights"], m["seed"], base=base)
                               for m in todo], "confirmation round", lambda i, rec: append(paths, rec))
     measured = {r["mixture_id"]: r["objective"] for r in ok_sorted(read_results(paths))}
-    pairs = [(m["predicted"], measured[m["mixture_id"]]) for m in plan["mixtures"] if m["mixture_id"] in measured]
-    fit = agreement([p for p, _ in pairs], [v for _, v in pairs])
+    pairs = [(m["expected"], measured[m["mixture_id"]]) for m in plan["mixtures"]
+             if m["expected"] is not None and m["mixture_id"] in measured]
+    fit = agreement([e for e, _ in pairs], [v for _, v in pairs])
     quality = read_json(ep.search.quality)
-    noise = quality.get("paired_sd")
-    decision, why = decide(fit, noise, quality.get("swarm_sd"))
+    noise = difference_noise(quality)
+    noise_df = quality.get("noise_df")
+    decision, why = decide(fit, noise, quality.get("swarm_sd"), noise_df)
     t = len(search_cfg.iterations)
     start = {"holds": t - 1, "drifted": max(0, t - 2), "fails": 0}[decision]
     summary = {"earlier": search_cfg.reuse, "decision": decision, "why": why, **fit, "noise": noise,
-               "confirmation_proxies": len(plan["mixtures"]), "earlier_proxies": len(old),
-               "iterations_run": list(range(start + 1, t + 1)),
-               "thresholds": {"residual_noise": HOLD_RESIDUAL_NOISE, "spearman": HOLD_SPEARMAN,
+               "paired_sd": quality.get("paired_sd"), "noise_df": noise_df,
+               "residual_limit": residual_limit(noise, fit["n"], noise_df) if noise and fit["n"] > 1 else None,
+               "confirmation_proxies": len(plan["mixtures"]),
+               "earlier_proxies": len(old), "iterations_run": list(range(start + 1, t + 1)),
+               "thresholds": {"residual_alpha": HOLD_RESIDUAL_ALPHA, "spearman": HOLD_SPEARMAN,
                               "bias_spread": HOLD_BIAS_SPREAD, "drift_spearman": DRIFT_SPEARMAN}}
     write_json(paths.search.reuse, summary)
     (log.warning if decision != "holds" else log.info)("%s", sentence(summary))
+    feature = None
+    if decision != "fails":
+        X, y = np.array([r["weights"] for r in old]), np.array([r["objective"] for r in old])
+        feature = EarlierFeature(make_predictor(search_cfg.predictor, seed=search_cfg.seed).fit(X, y))
     evidence = []
     if decision == "holds":
         evidence = [{"mixture_id": f"earlier:{r['mixture_id']}", "iteration": -1, "status": "ok",
                      "weights": r["weights"], "objective": r["objective"] + fit["bias"]} for r in old]
     return {"start": start, "evidence": evidence, "plan_prior": feature if decision == "drifted" else None,
-            "pick_prior": feature if decision != "fails" else None, "summary": summary}
+            "pick_prior": feature, "summary": summary}
 
 
 def sentence(s: dict) -> str:
     """What reuse did, in one line (the log, the report)."""
     def f(v, spec=".4g"):
         return "n/a" if v is None else format(v, spec)
-    figures = (f"{s['confirmation_proxies']} confirmation proxies against its predictor: Spearman "
+    figures = (f"{s['confirmation_proxies']} confirmation proxies repeating its measurements: Spearman "
                f"{f(s['spearman'], '.2f')}, bias {f(s['bias'], '+.4g')}, residual sd {f(s['residual_sd'])} "
-               f"(paired noise {f(s['noise'])})")
+               f"(noise of a difference {f(s['noise'])}, the residual's bound {f(s.get('residual_limit'))})")
     its = s["iterations_run"]
     then = {"holds": f"its evidence holds, shifted by the bias; the search ran iteration {its[0]} alone",
             "drifted": f"it drifted ({s['why']}): its predictor entered as a discounted feature and the search ran "
