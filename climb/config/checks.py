@@ -91,6 +91,9 @@ def check_config(cfg: RunConfig) -> None:
         raise ConfigError("search.halving and search.experts need the built-in proxy trainer (they pause and "
                           "resume proxies, or read their token probabilities); unset proxy.command / proxy.lookup "
                           "or turn them off")
+    if cfg.search.reuse and (cfg.search.halving or cfg.search.experts or cfg.search.merge):
+        raise ConfigError("search.reuse does not combine with search.halving, search.experts or search.merge yet "
+                          "(the earlier run's evidence takes the place of their feature); turn them off")
     bad = [m for m in cfg.target.objective if m != "bpb" and not (
         m.endswith("/gold_loss_per_byte") and m.rsplit("/", 1)[0] in cfg.target.tasks)]
     if cfg.search.experts and bad:

@@ -408,6 +408,13 @@ class SearchConfig:
     # fixed random sample of the target's texts and items).
     merge_pool: int = 512
     merge_tokens: int = 4096
+    # The folder of an earlier run whose finished search (its results.jsonl, quality.json
+    # and mixture.json) enters this search as prior evidence, for a corpus that changed
+    # under the same clusters, tokenizer, proxies and target (refused otherwise). A
+    # confirmation round of search.iterations[-1] proxies repeats the earlier run's
+    # measurements on the new token store; as it holds, drifted or fails, the search runs its last
+    # iteration, its last two, or all of them (climb/stages/search/reuse.py). "": off.
+    reuse: str = ""
 
 
 @dataclass(frozen=True)
@@ -635,7 +642,7 @@ ADDED_FIELDS = {
     "EmbedConfig": ("tune_sample", "store_dtype", "student"),
     "ClusterConfig": ("refit",),
     "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens", "final_kl", "steadiness_boot", "target_prior",
-                     "bounds", "kl_max"),
+                     "bounds", "kl_max", "reuse"),
     "TargetConfig": ("lm_eval", "lm_eval_include", "contamination", "decontaminate", "weights", "goals"),
     "ExportConfig": ("format", "eod"),
 }

@@ -172,6 +172,14 @@ class SearchOutputs:
         return self.dir / "quality.json"
 
     @property
+    def reuse_plan(self) -> Path:  # the confirmation round of an earlier run's evidence (search.reuse)
+        return self.dir / "reuse_plan.json"
+
+    @property
+    def reuse(self) -> Path:  # what the confirmation round found, and what the search did with it
+        return self.dir / "reuse.json"
+
+    @property
     def swarm_weights(self) -> Path:
         return self.dir / "swarm_weights.csv"
 

@@ -214,6 +214,9 @@ def quality_lines(q: dict) -> str:
         lines.append(f"- how far another search seed's answer may fall: under the predictor's posterior the best "
                      f"mixture is {st['posterior_regret']:.4f} better than this pick on average, sd "
                      f"{st['posterior_spread']:.4f} (regions this run never measured included)")
+    if q.get("reuse"):
+        from climb.stages.search.reuse import sentence
+        lines.append(f"- {sentence(q['reuse'])}")
     lines += [f"- **warning**: {w}" for w in q.get("warnings", [])]
     return "\n".join(lines)
 

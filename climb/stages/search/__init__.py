@@ -3,12 +3,14 @@
 Reads: `<run>/tokenize/` (the token store the proxies train on), `<run>/cluster/clusters.json`,
 the target, and the corpus's `corpus.source_column` alone (where set).
 Writes: `<run>/search/`: `results.jsonl`, `plan_<i>.json`, `mixture.json`, `comparison.json`,
-`quality.json`, `contamination.json`, `sources.json`, the swarm as CSV.
+`quality.json`, `contamination.json`, `sources.json`, the swarm as CSV (and `reuse_plan.json`,
+`reuse.json` with `search.reuse`).
 Rooms: `common` (the pool, proxies, final mixture), `cheap` (experts, shared base, merged
 models), `compare` (the paired comparison), `summary` (what a finished search found, for the
 report and the export's card), `sources` (each source's share of each cluster, and the
 mixture by source), `repick` (`climb repick`: a finished search picked again under another
-objective, under `search/repicks/`); the pick itself is climb/optimize/pick.py.
+objective, under `search/repicks/`), `reuse` (`search.reuse`: an earlier run's evidence, checked by a
+confirmation round on this corpus first); the pick itself is climb/optimize/pick.py.
 
 Proxies train on the tokenize stage's per-cluster token store.
 
@@ -59,6 +61,8 @@ from climb.stages.search.cheap import (experts_feature, experts_skill, halving, 
 from climb.stages.search.common import (append, source_bounds, candidate_pool, final_mixture, fixed_candidates, mixture_space,
                                         ok_sorted, pool_size, proxy_task, read_results, run_proxies, search_bounds)
 from climb.stages.search.compare import compare, comparison_table, one_shot, replicates
+from climb.stages.search.reuse import CONFIRMATION, confirm, evidence_key
+from climb.stages.search.reuse import check as check_reuse
 from climb.stages.search.sources import by_source, write_source_shares
 from climb.stages.tokenize import cluster_tokens
 
@@ -104,17 +108,20 @@ def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False) -> str:
     # A time limit, the retry rule or the curves recorded change how proxies run, not what they measure.
     parts = [upstream_key(paths, "tokenize"), *short_of(paths, cfg.proxy.read_cap()),
              without(cfg.proxy, "timeout_s", "curve_points", "curve_evals"),
-             cfg.target, without(cfg.search, "retry_failed"), cfg.export.token_budget]
+             cfg.target, without(cfg.search, "retry_failed", "reuse"), cfg.export.token_budget]
     # Sources change what the search does only through a bound on a source; the views by source
     # are worked out again from the column (climb.stages.search.sources.load_source_shares).
     if cfg.corpus.source_column and source_bounds(cfg):
         parts.append({"source_column": cfg.corpus.source_column})
+    if cfg.search.reuse:  # the earlier run's evidence by what it holds, not where it lies
+        parts.append({"reuse": evidence_key(cfg)})
     return digest(*parts) if legacy else digest(*parts, target_files(cfg.target, paths.root, paths.digests))
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:
     # A damaged results file is repaired in place; an earlier search's results under another
     # config are moved aside, not deleted.
+    check_reuse(cfg, paths)  # before anything is moved or trained
     return execute(paths, "search", key(cfg, paths), lambda folder, ex: _search(cfg, paths, ex),
                    legacy_key=older_key(paths, "search", lambda: key(cfg, paths, legacy=True)),
                    executor=cfg.executor, processes=proxy_processes(cfg.proxy, cfg.executor),
@@ -143,8 +150,15 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     done = {r["mixture_id"] for r in results if not results_log.retry(r, search_cfg.retry_failed)}
     base = shared_base(cfg, paths, ex, space)
     prior = experts_feature(cfg, paths, ex, space) or merged_feature(cfg, paths, ex, space, base)
-    for it in range(len(search_cfg.iterations)):
-        plan = plan_iteration(cfg, paths, it, space, [r for r in results if r["iteration"] < it], prior)
+    # search.reuse: a confirmation round decides where the search starts and what it leans on.
+    reused = {"start": 0, "evidence": [], "plan_prior": prior, "pick_prior": prior, "summary": None}
+    if search_cfg.reuse:
+        reused = confirm(cfg, paths, ex, space, base)
+        results = read_results(paths)
+        done |= {r["mixture_id"] for r in results if not results_log.retry(r, search_cfg.retry_failed)}
+    for it in range(reused["start"], len(search_cfg.iterations)):
+        plan = plan_iteration(cfg, paths, it, space,
+                              reused["evidence"] + [r for r in results if r["iteration"] < it], reused["plan_prior"])
         todo = [m for m in plan["mixtures"] if m["mixture_id"] not in done]
         if todo:
             log.info("search iteration %d/%d: %d proxies (%d already done)", it + 1, len(search_cfg.iterations),
@@ -158,7 +172,7 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         results = read_results(paths)  # the file is the record: CSVs, manifest and report agree with it
         results_log.require_successes(results, 1)
         _write_swarm_csv(paths, results)
-        if it == 0:
+        if it == reused["start"]:
             reps = replicates(cfg, paths, ex, results, base)
             q = _quality(cfg, results, reps, {}, [])
             log.info("noise after iteration 1: seed sd %s, paired sd %s, swarm sd %s, signal-to-noise %s",
@@ -180,7 +194,7 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
                      _fmt(oof[-1]), f"; the {feature_name}'s Spearman with the results {_fmt(skill[-1])}"
                      if skill else "")
     results_log.require_successes(results, 2)
-    final = final_mixture(cfg, space, results, prior=prior)
+    final = final_mixture(cfg, space, results, prior=reused["pick_prior"])
     record_merge_scoring(paths, prior, search_cfg.seed)
     write_json(paths.search.mixture, {**final, "natural": space["natural"].tolist(),
                                       "uniform": space["uniform"].tolist(), "max_weight": space["max_weight"].tolist(),
@@ -201,6 +215,8 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     if prior is not None:
         quality["merge_spearman" if search_cfg.merge else "experts_spearman"] = skill
     quality["comparison"] = verdicts
+    if reused["summary"]:
+        quality["reuse"] = reused["summary"]
     if "steadiness" in final:
         quality["steadiness"] = {k: v for k, v in final["steadiness"].items() if k != "picks"}
     quality["warnings"] = warnings(quality)
@@ -229,6 +245,8 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
              "merge_proxies": sum(k != "merge-scoring" for k in read_json(paths.search.merge))
              if paths.search.merge.exists() else 0,
              "one_shot_proxies": len(read_json(paths.search.one_shot)) if paths.search.one_shot.exists() else 0}
+    if reused["summary"]:
+        stats["reuse"] = {k: reused["summary"][k] for k in ("decision", "confirmation_proxies")}
     return stats
 
 
@@ -253,8 +271,9 @@ def _quality(cfg: RunConfig, results: list[dict], reps: dict, runs: dict, oof: l
         tables.append([[per[s]["objective"] for s in sorted(per, key=str)] for _, per in sorted(runs.items())])
     clean = [[[v if v is not None else np.nan for v in row] for row in t] for t in tables]
     n = pooled_noise(clean)
+    # A reused search's confirmation round is chosen, not drawn: no measure of the swarm's spread.
     swarm = [r["objective"] for r in sorted(results, key=lambda r: r["mixture_id"])
-             if r["iteration"] == 0 and r["status"] == "ok"]
+             if r["iteration"] == 0 and r["status"] == "ok" and not r["mixture_id"].startswith(CONFIRMATION)]
     sd = float(np.std(swarm, ddof=1)) if len(swarm) > 2 else None
     return {"seed_sd": n["seed_sd"], "paired_sd": n["paired_sd"], "noise_df": n["df"], "swarm_sd": sd,
             "snr": snr(swarm, n["paired_sd"]), "predictor_oof_spearman": oof,
