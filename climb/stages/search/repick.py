@@ -40,7 +40,7 @@ from climb.io.files import read_json, write_json
 from climb.optimize.multi import aggregate, aggregate_pick, best_per_metric, fit_metrics, predict_metrics
 from climb.runtime.layout import RunPaths
 from climb.runtime.targets import objective
-from climb.stages.search.common import final_mixture, final_pool, mixture_space, ok_sorted, read_results
+from climb.stages.search.common import final_mixture, final_pool, ok_sorted, read_results
 
 log = logging.getLogger(__name__)
 # What a re-pick may change: the objective. [executor] and [track] say how proxies run and are logged.
@@ -110,9 +110,10 @@ def rescored(results: list[dict], cfg: RunConfig, where: str) -> list[dict]:
 
 
 def run_space(cfg: RunConfig, paths: RunPaths) -> dict:
-    """The run's mixture space as its search saw it (its target affinity read back, not recomputed)."""
-    from climb.stages.tokenize import cluster_tokens
-    space = mixture_space(cfg, cluster_tokens(paths))
+    """The run's mixture space as its search saw it, with its bounds (search.bounds, search.kl_max:
+    a re-pick holds them as the search's pick did) and its target affinity read back, not recomputed."""
+    from climb.stages.search.common import run_space as search_space
+    space = search_space(cfg, paths)
     if cfg.search.target_prior and paths.search.affinity.exists():
         space["target"] = np.asarray(read_json(paths.search.affinity)["share"])
     return space
