@@ -104,13 +104,17 @@ def _save_config(cfg: RunConfig, paths: RunPaths) -> bytes | None:
 
 def _before(stage: str, cfg: RunConfig, paths: RunPaths, saved: bytes | None, done: dict) -> None:
     """The checks due before `stage` (climb.runtime.preflight.before; before the search, also its
-    bounds against the clusters: climb.stages.search.common.check_bounds). One refused while every
-    stage before it was skipped as up to date leaves the run folder as it was, config.toml included."""
+    bounds against the clusters, climb.stages.search.common.check_bounds, and an earlier run it reuses
+    against this one's clusters, tokenizer, target and proxies, climb.stages.search.check_reuse). One
+    refused while every stage before it was skipped as up to date leaves the run folder as it was,
+    config.toml included."""
     try:
         preflight.before(stage, cfg, paths)
         if stage == "search":
             from climb.stages.search.common import check_bounds
+            from climb.stages.search import check_reuse
             check_bounds(cfg, paths)
+            check_reuse(cfg, paths)
     except InputError:
         if all(st.get("skipped_stage") for st in done.values()):
             if saved is None:

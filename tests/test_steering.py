@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from climb import pipeline
-from scripted_run import prepare
+from scripted_run import prepare, script
 from test_sources import _docs
 
 
@@ -21,8 +21,9 @@ def steered(tmp_path, monkeypatch):
     from climb.stages.search.sources import source_shares
     from climb.stages.tokenize import cluster_tokens
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
-    cfg, paths, _, _ = prepare(tmp_path, monkeypatch, 'corpus.source_column="source"', "export.token_budget=6000",
-                               docs=_docs(), columns=("source",))
+    cfg, paths, _, control = prepare(tmp_path, monkeypatch, 'corpus.source_column="source"',
+                                     "export.token_budget=6000", docs=_docs(), columns=("source",))
+    script(control, aux=True)  # the trainer reports a second metric, "aux"
     pipeline.run_stage("tokenize", cfg, paths.root)
     # Bounds the natural mixture holds (so they hold together), tight enough to bind.
     space = mixture_space(cfg, cluster_tokens(paths))

@@ -62,15 +62,13 @@ def check(cfg: RunConfig, paths, stages) -> None:
 def before(stage: str, cfg: RunConfig, paths) -> None:
     """The checks due just before `stage` runs, on what the stages before it wrote, and before it
     touches its own earlier outputs: before the cluster stage, the documents against cluster.k;
-    before the search, the token budget and the minimum weight against the clusters, and an earlier
-    run it reuses (search.reuse) against this one's clusters, tokenizer, target and proxies."""
+    before the search, the token budget and the minimum weight against the clusters (the search's
+    own checks, its bounds and an earlier run it reuses, follow in climb.pipeline._before)."""
     if stage == "cluster":
         check_k(cfg, paths)
     if stage == "search":
         check_budget(cfg, paths)
         check_min_weight(cfg, paths)
-        from climb.stages.search.reuse import check as check_reuse
-        check_reuse(cfg, paths)
 
 
 def check_devices(cfg: RunConfig, stages) -> None:

@@ -49,6 +49,7 @@ if mode in ("hang", "gate"):
     child.kill()
 value = {"null": None, "nan": float("nan")}.get(mode, loss)
 with open(out, "w") as fh:
-    # A second metric that pulls toward the first cluster, for weighted objectives.
-    aux = sum((a - b) ** 2 for a, b in zip(w, [0.9] + [0.1 / (len(w) - 1)] * (len(w) - 1)))
-    fh.write(json.dumps({"metrics": {"loss": value, "aux": aux}, "tokens": 0}))
+    metrics = {"loss": value}
+    if ctl.get("aux"):  # a second metric, pulling toward the first cluster, for weighted objectives
+        metrics["aux"] = sum((a - b) ** 2 for a, b in zip(w, [0.9] + [0.1 / (len(w) - 1)] * (len(w) - 1)))
+    fh.write(json.dumps({"metrics": metrics, "tokens": 0}))

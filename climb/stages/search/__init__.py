@@ -62,7 +62,7 @@ from climb.stages.search.common import (append, source_bounds, candidate_pool, f
                                         ok_sorted, pool_size, proxy_task, read_results, run_proxies, search_bounds)
 from climb.stages.search.compare import compare, comparison_table, one_shot, replicates
 from climb.stages.search.reuse import CONFIRMATION, confirm, evidence_key
-from climb.stages.search.reuse import check as check_reuse
+from climb.stages.search import reuse
 from climb.stages.search.sources import by_source, write_source_shares
 from climb.stages.tokenize import cluster_tokens
 
@@ -116,6 +116,11 @@ def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False) -> str:
     if cfg.search.reuse:  # the earlier run's evidence by what it holds, not where it lies
         parts.append({"reuse": evidence_key(cfg)})
     return digest(*parts) if legacy else digest(*parts, target_files(cfg.target, paths.root, paths.digests))
+
+
+def check_reuse(cfg: RunConfig, paths: RunPaths) -> None:
+    """An earlier run named by search.reuse against this one (climb.stages.search.reuse.check)."""
+    reuse.check(cfg, paths, key)
 
 
 def run(cfg: RunConfig, paths: RunPaths) -> dict:

@@ -108,9 +108,10 @@ def evidence_key(cfg: RunConfig) -> str:
     return digest([output_digest(ep, "search", f) for f in EVIDENCE])
 
 
-def check(cfg: RunConfig, paths: RunPaths) -> None:
+def check(cfg: RunConfig, paths: RunPaths, key) -> None:
     """Refuse, in one line naming what differs, an earlier run whose evidence is not of this run's
-    clusters, tokenizer, target and proxies; nothing is trained."""
+    clusters, tokenizer, target and proxies; nothing is trained. `key`: the search stage's key
+    (climb.stages.search.key, passed in: the stage imports this room, not the other way round)."""
     from climb.config import ConfigError, load_config
     where = cfg.search.reuse
     if not where:
@@ -123,7 +124,6 @@ def check(cfg: RunConfig, paths: RunPaths) -> None:
         ecfg = load_config(ep.config)
     except (OSError, ConfigError) as e:
         raise InputError(f"search.reuse {where}: its config.toml cannot be read ({e})") from None
-    from climb.stages.search import key
     manifest = read_json(ep.manifest("search"))
     try:
         current = key(ecfg, ep)
