@@ -3,7 +3,6 @@ the messages that name the bounds that clash, fixed candidates, the pick, the ex
 and the refusal before the search trains anything (climb/optimize/bounds.py)."""
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from climb.io.errors import InputError
 from climb.optimize.bounds import broken, from_config, infeasible, project, satisfied
 from climb.optimize.strategy import Strategy, pick_weights
 from climb.runtime import preflight
-from climb.runtime.layout import RunPaths
+from test_preflight import _store  # a token store index of given cluster sizes
 
 SPACE = {"natural": np.array([0.4, 0.3, 0.2, 0.1]), "max_weight": np.ones(4),
          "sources": {"names": ["web", "code"], "share": np.array([[1.0, 0.0], [0.8, 0.2], [0.5, 0.5], [0.0, 1.0]])}}
@@ -127,13 +126,6 @@ def test_a_measured_pick_comes_from_the_mixtures_inside_the_bounds():
 
 
 # ----------------------------------------------------------------- the run
-def _store(root, tokens):
-    paths = RunPaths(root)
-    store = paths.tokenize.store
-    store.mkdir(parents=True)
-    (store / "index.json").write_text(json.dumps({"dtype": "uint16", "n_clusters": len(tokens), "tokens": tokens,
-                                                  "bytes": [4 * t for t in tokens]}))
-    return paths
 
 
 def test_before_the_search_the_bounds_meet_the_epoch_caps(tmp_path):
