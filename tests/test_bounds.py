@@ -19,8 +19,9 @@ from climb.optimize.bounds import broken, from_config, infeasible, kl_rows, proj
 from climb.optimize.candidates import sample_candidates  # noqa: E402
 from climb.optimize.strategy import Strategy, final_pick  # noqa: E402
 
-# Few draws per run (a pool with kl_max takes a second or more): hypothesis draws new ones each run.
-SETTINGS = settings(max_examples=6, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+# Few draws per run (a pool with kl_max takes a second or more), the same ones on every machine
+# (derandomize), so the suite passes or fails in CI as it does here.
+SETTINGS = settings(max_examples=6, deadline=None, database=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _space(rng, k: int, n_sources: int) -> dict:
@@ -152,7 +153,7 @@ def infeasible_draws(draw):
     return space, bounds, min_weight, kl_max, kind
 
 
-@settings(max_examples=25, deadline=None, database=None)
+@settings(max_examples=25, deadline=None, database=None, derandomize=True)
 @given(infeasible_draws())
 def test_an_infeasible_draw_is_refused_in_one_line(d):
     space, bounds, min_weight, kl_max, kind = d

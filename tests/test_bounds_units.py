@@ -184,3 +184,19 @@ def test_climb_search_refuses_clashing_bounds_before_training(tmp_path, monkeypa
     assert code == 2, line
     assert line.startswith("climb: error: search.bounds: cluster:999 names cluster 999, but the run has ")
     assert not paths.search.results.exists()
+
+
+def test_a_bound_every_mixture_holds_does_not_stall_the_projection():
+    # One source in every cluster: its share of any mixture is 1, so a pin at (about) 1 binds nothing;
+    # kept as a constraint it would duplicate the simplex's own and stall the projection.
+    space = {"natural": np.array([0.21, 0.29, 0.50]), "max_weight": np.ones(3),
+             "sources": {"names": ["s0"], "share": np.ones((3, 1))}}
+    bounds = {"cluster:0": [0.353, 0.577], "cluster:1": [0.326, 0.563], "cluster:2": [0.0498, 0.1009],
+              "source:s0": 0.9999999999999999}
+    b = from_config(bounds, space)
+    assert infeasible(b) is None and "source:s0" not in b.names
+    W = np.random.default_rng(1).dirichlet(np.full(3, 0.5), size=40)
+    assert satisfied(project(W, b), b).all()
+    with pytest.raises(InputError, match="source:s0"):  # a pin no mixture can meet is still refused
+        msg = infeasible(from_config({"source:s0": 0.5}, space))
+        raise InputError(msg or "")

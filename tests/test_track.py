@@ -220,7 +220,8 @@ def test_a_failing_tracker_warns_once_and_changes_nothing(failure, untracked, tm
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         pipeline.run_stage("search", cfg, paths.root)
-    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # The search's own verdicts on its results (climb.optimize.quality.warnings) are not the tracker's.
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name != "climb.stages.search"]
     assert [r.name for r in warned] == ["climb.runtime.track"], [r.getMessage() for r in warned]
     assert "is off for the rest of this run" in warned[0].getMessage()
     if failure == "not installed":

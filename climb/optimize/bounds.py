@@ -100,6 +100,9 @@ def from_config(bounds: dict, space: dict, min_weight: float = 0.0, kl_max: floa
                 raise InputError(f"search.bounds: {key}: the corpus has no source {name!r}; its sources are "
                                  f"{', '.join(known)}")
             row = np.asarray(sources["share"], float)[:, known.index(name)]
+        live = row[caps > 0]
+        if len(live) and np.ptp(live) <= 1e-12 and a - TOL <= live[0] <= b + TOL:
+            continue  # the same share in every cluster (one source alone): every mixture holds it
         rows.append(row)
         lo.append(a)
         hi.append(b)
@@ -381,8 +384,32 @@ def project(W, b: Bounds) -> np.ndarray:
         if bad.any():
             first[bad] = _on_support(V[bad], b, U[bad], (X[bad] > 1e-12) & allowed)
         X = first
+    stuck = ~satisfied(X, b)
+    if stuck.any():  # what the solvers left outside (a tight KL ball against a cap): pulled inside
+        X[stuck] = _toward_inside(X[stuck], b)
     out[todo] = X
     return out
+
+
+def _toward_inside(Y: np.ndarray, b: Bounds, steps: int = 48) -> np.ndarray:
+    """Rows of Y moved along the segment to a mixture c that holds every rule, as far from c as they
+    still hold (bisection keeps the last point that holds, so each row comes inside even where the
+    rules with min_weight are not convex): where the alternating projections stall (a tight KL ball
+    against a cap), rows still come inside near where they stopped. Rows stay as they are where no
+    such c is found."""
+    groups = list(range(len(b.lo))) + [_CAPS]
+    least = least_kl(b, groups) if b.kl_max > 0 else None
+    found = [c for c in (least[1] if least else None, _solve(b, groups + [_MIN]), _solve(b, groups))
+             if c is not None and satisfied(np.asarray(c, float)[None], b)[0]]
+    if not found:
+        return Y
+    c = np.asarray(found[0], float)
+    lo, hi = np.zeros(len(Y)), np.ones(len(Y))
+    for _ in range(steps):  # bisection on t: c + t (y - c) holds the rules at t = lo, not at t = hi
+        mid = (lo + hi) / 2
+        ok = satisfied(c + mid[:, None] * (Y - c), b)
+        lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
+    return c + lo[:, None] * (Y - c)
 
 
 def _on_support(V: np.ndarray, b: Bounds, U: np.ndarray, support: np.ndarray) -> np.ndarray:

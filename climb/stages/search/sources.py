@@ -137,7 +137,8 @@ def mixture_by_source(cfg: RunConfig, paths: RunPaths, mix: dict | None = None) 
     shares = load_source_shares(cfg, paths)
     if shares is None:
         return None
-    return by_source(shares, {"climb": mix["weights"], "natural": mix["natural"], "uniform": mix["uniform"]})
+    return by_source(shares, {name: mix[key] for name, key in (("climb", "weights"), ("natural", "natural"),
+                                                                ("uniform", "uniform")) if key in mix})
 
 
 def main_sources(shares: dict, cluster: int, top: int = 3) -> str:
