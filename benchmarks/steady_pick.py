@@ -211,6 +211,61 @@ def figure(preset: str, seeds: list[int], arm: str, out: str | None) -> dict:
     return obj
 
 
+def simulated(preset: str, seeds: list[int], arm: str, samples: int = 2, runs: int = 4, pool: int = 1000,
+              out: str | None = None) -> dict:
+    """Another candidate for a run's own steadiness figure: the whole search simulated on the run's
+    posterior. The predictor's GP, fitted on a recorded run's proxies, is sampled jointly over a pool
+    drawn as the run draws its own (`samples` functions); on each, the search is simulated
+    (climb.optimize.strategy.simulate, the run's iterations and strategy, measurements with the run's
+    paired noise) with `runs` search seeds; the figure is the RMS over samples of the sd of the
+    simulated picks' values, against the seed-to-seed sd of the recorded found objectives."""
+    import numpy as np
+
+    from climb.optimize.acquisition import gp_posterior, spread_model
+    from climb.optimize.predictor import make_predictor
+    from climb.optimize.strategy import from_search_config, simulate
+    from climb.runtime.layout import RunPaths
+    from climb.stages.search.common import candidate_pool, mixture_space
+    from climb.stages.tokenize import cluster_tokens
+    paths = RunPaths(names(preset))
+    rows = []
+    for s in seeds:
+        f = RECORDS / f"g49{preset}_{arm}_s{s}.json"
+        if not f.exists():
+            continue
+        rec = json.loads(f.read_text())
+        cfg = run_config(preset, s, arm=arm)
+        space = mixture_space(cfg, cluster_tokens(paths))
+        if cfg.search.target_prior:
+            from climb.stages.search.affinity import target_affinity
+            space["target"] = np.asarray(target_affinity(cfg, paths, space["usable"], write=False)["share"])
+        ok = [r for r in rec["swarm"] if r["status"] == "ok"]
+        X, y = np.array([r["weights"] for r in ok]), np.array([r["objective"] for r in ok])
+        gp = spread_model(make_predictor(cfg.search.predictor, seed=s).fit(X, y), X, y, s)
+        P = candidate_pool(cfg, space, pool, s + 7)
+        mean, cov = gp_posterior(gp, P, full_cov=True)
+        root = np.linalg.cholesky(cov + 1e-8 * np.mean(np.diag(cov)) * np.eye(len(P)))
+        rng = np.random.default_rng(s)
+        noise = rec["quality"].get("paired_sd") or 0.0
+        strategy = from_search_config(cfg.search)
+        sds = []
+        for k in range(samples):
+            fk = mean + root @ rng.standard_normal(len(P))
+            picks = [simulate(P, fk, rec["goal"], cfg.search.iterations, strategy, seed=1000 * k + j, noise=noise)["pick"]
+                     for j in range(runs)]
+            sds.append(float(np.std(fk[picks], ddof=1)))
+        rows.append({"seed": s, "found": rec["score"], "simulated_spread": float(np.sqrt(np.mean(np.square(sds))))})
+        print(f"seed {s}: found {rec['score']:.4f}, simulated spread {rows[-1]['simulated_spread']:.4f}", flush=True)
+    sd = float(np.std([r["found"] for r in rows], ddof=1))
+    rms = float(np.sqrt(np.mean([r["simulated_spread"] ** 2 for r in rows])))
+    obj = {"preset": preset, "arm": arm, "seeds": [r["seed"] for r in rows], "per_seed": rows, "found_sd": sd,
+           "rms_simulated_spread": rms, "ratio": rms / sd, "samples": samples, "runs": runs, "pool": pool}
+    print(json.dumps({k: v for k, v in obj.items() if k != "per_seed"}, indent=1))
+    if out:
+        write_result(out, obj)
+    return obj
+
+
 def replay(preset: str, seeds: list[int], rules: list[str]) -> None:
     """Each rule's pick on each recorded run, trained on the comparison seeds in the base folder
     (kept in runs/g49<preset>_replay/replays.json, resumable; records in benchmarks/results/records)."""
@@ -400,7 +455,8 @@ def judge(preset: str, seeds: list[int], arm: str, out: str | None) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("verb", choices=["train", "replay", "decompose", "spread", "judge", "figure"])
+    ap.add_argument("verb", choices=["train", "replay", "decompose", "spread", "judge", "figure",
+                                         "simulated"])
     ap.add_argument("--arm", choices=list(ARMS), default="default", help="train / judge / figure: which search")
     ap.add_argument("--records", default="g49{preset}_default_s{seed}",
                     help="spread: the record names, e.g. g32tech_default_s{seed} for issue 32's runs")
@@ -416,6 +472,8 @@ def main(argv=None) -> None:
         judge(a.preset, a.seeds, a.arm, a.json)
     elif a.verb == "figure":
         figure(a.preset, a.seeds, a.arm, a.json)
+    elif a.verb == "simulated":
+        simulated(a.preset, a.seeds, a.arm, out=a.json)
     elif a.verb == "spread":
         recs = [json.loads(f.read_text()) for f in (RECORDS / (a.records.format(preset=a.preset, seed=s) + ".json")
                                                      for s in a.seeds) if f.exists()]
