@@ -169,6 +169,25 @@ def replay_pick(preset: str, rec: dict, rule: str) -> dict:
     return {"weights": pick["weights"], "predicted": pick["predicted"], "steadiness": pick.get("steadiness")}
 
 
+def recorded(preset: str, seed: int, arm: str):
+    """(record, config, mixture space) of a recorded run, the space as its search drew its pool (the
+    target's affinity recomputed on the base where the arm uses it); None where there is no record."""
+    import numpy as np
+
+    from climb.runtime.layout import RunPaths
+    from climb.stages.search.common import mixture_space
+    from climb.stages.tokenize import cluster_tokens
+    f = RECORDS / f"g49{preset}_{arm}_s{seed}.json"
+    if not f.exists():
+        return None
+    cfg, paths = run_config(preset, seed, arm=arm), RunPaths(names(preset))
+    space = mixture_space(cfg, cluster_tokens(paths))
+    if cfg.search.target_prior:
+        from climb.stages.search.affinity import target_affinity
+        space["target"] = np.asarray(target_affinity(cfg, paths, space["usable"], write=False)["share"])
+    return json.loads(f.read_text()), cfg, space
+
+
 def figure(preset: str, seeds: list[int], arm: str, out: str | None) -> dict:
     """Each recorded run's own steadiness figures, made again from its record (the pick and the
     posterior regret the predictor allows it, climb.optimize.pick.posterior_regret; the bootstrap
@@ -176,21 +195,12 @@ def figure(preset: str, seeds: list[int], arm: str, out: str | None) -> dict:
     factor of 2 of that sd (issue 49, step 3)."""
     import numpy as np
 
-    from climb.runtime.layout import RunPaths
-    from climb.stages.search.common import final_mixture, mixture_space
-    from climb.stages.tokenize import cluster_tokens
+    from climb.stages.search.common import final_mixture
     rows = []
     for s in seeds:
-        f = RECORDS / f"g49{preset}_{arm}_s{s}.json"
-        if not f.exists():
+        if (got := recorded(preset, s, arm)) is None:
             continue
-        rec = json.loads(f.read_text())
-        cfg = run_config(preset, s, arm=arm)
-        paths = RunPaths(names(preset))
-        space = mixture_space(cfg, cluster_tokens(paths))
-        if cfg.search.target_prior:
-            from climb.stages.search.affinity import target_affinity
-            space["target"] = np.asarray(target_affinity(cfg, paths, space["usable"], write=False)["share"])
+        rec, cfg, space = got
         pick = final_mixture(cfg, space, rec["swarm"])
         if not np.allclose(pick["weights"], rec["mixtures"]["weights"], atol=1e-6):
             raise SystemExit(f"seed {s}: the replayed pick is not the recorded one; the record's search differs")
@@ -224,21 +234,12 @@ def simulated(preset: str, seeds: list[int], arm: str, samples: int = 2, runs: i
     from climb.optimize.acquisition import gp_posterior, spread_model
     from climb.optimize.predictor import make_predictor
     from climb.optimize.strategy import from_search_config, simulate
-    from climb.runtime.layout import RunPaths
-    from climb.stages.search.common import candidate_pool, mixture_space
-    from climb.stages.tokenize import cluster_tokens
-    paths = RunPaths(names(preset))
+    from climb.stages.search.common import candidate_pool
     rows = []
     for s in seeds:
-        f = RECORDS / f"g49{preset}_{arm}_s{s}.json"
-        if not f.exists():
+        if (got := recorded(preset, s, arm)) is None:
             continue
-        rec = json.loads(f.read_text())
-        cfg = run_config(preset, s, arm=arm)
-        space = mixture_space(cfg, cluster_tokens(paths))
-        if cfg.search.target_prior:
-            from climb.stages.search.affinity import target_affinity
-            space["target"] = np.asarray(target_affinity(cfg, paths, space["usable"], write=False)["share"])
+        rec, cfg, space = got
         ok = [r for r in rec["swarm"] if r["status"] == "ok"]
         X, y = np.array([r["weights"] for r in ok]), np.array([r["objective"] for r in ok])
         gp = spread_model(make_predictor(cfg.search.predictor, seed=s).fit(X, y), X, y, s)
