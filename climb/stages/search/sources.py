@@ -66,15 +66,16 @@ def source_shares(cfg: RunConfig, paths: RunPaths) -> dict:
     a cluster with no tokens), "docs": k x S documents}. The tokens of a cluster sum to its
     `cluster_tokens`. Every source the corpus files name is there, one without tokens too."""
     k = paths.n_clusters()
-    files = paths.shard_files(cfg)
+    # Sources by file need no corpus file: a search on a store whose corpus moved still runs.
+    files = paths.shard_files(cfg) if cfg.corpus.source_column else {}
     tokens: dict[str, np.ndarray] = {}
     docs: dict[str, np.ndarray] = {}
     for shard in paths.shards():
-        if shard not in files:
+        if cfg.corpus.source_column and shard not in files:
             raise InputError(f"the corpus has no file for shard {shard!r} (corpus.paths changed since it was "
                              "embedded); run the stages again with the corpus they were made from")
         clusters, sizes = store_documents(paths, shard)
-        names, codes = shard_sources(cfg, shard, files[shard], len(clusters))
+        names, codes = shard_sources(cfg, shard, files.get(shard), len(clusters))
         if not names:  # a file with no rows
             continue
         kept = clusters >= 0
