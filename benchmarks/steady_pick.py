@@ -51,6 +51,9 @@ ARMS = {
     # The wide first round still missed the tech clusters on a seed: half of the pool (so half of
     # the first round) drawn around the clusters the target's documents read like.
     "target": DEFAULT_SETS + ["search.target_prior=0.5"],
+    # The target arm's search with the measured near-best averaged as its final pick.
+    "target-mean4": DEFAULT_SETS + ["search.target_prior=0.5", 'search.final="measured-predicted"',
+                                    "search.final_top_k=4"],
 }
 PRESETS = {
     "tech": {"config": "pipelines/demo.toml", "sets": [], "known_answer": True},
@@ -145,6 +148,9 @@ RULES = {
     "predicted-mean16": {"search.final": "predicted", "search.final_top_k": 16},
     "predicted-mean128": {"search.final": "predicted", "search.final_top_k": 128},
     "predicted-kl": {"search.final": "predicted", "search.final_top_k": 16, "search.final_kl": 0.05},
+    # The mean of the four measured mixtures the predictor rates best (each once): an average over
+    # the measured near-best instead of the one proxy that measured luckiest.
+    "measured-mean4": {"search.final": "measured-predicted", "search.final_top_k": 4},
 }
 
 
@@ -158,34 +164,43 @@ def run_config(preset: str, seed: int, rule: str = "seen", arm: str = "default")
     return load_config(REPO / p["config"], sets)
 
 
-def replay_pick(preset: str, rec: dict, rule: str) -> dict:
-    """The pick `rule` makes on the recorded run's results (the trajectory is the record's)."""
-    from climb.runtime.layout import RunPaths
-    from climb.stages.search.common import final_mixture, mixture_space
-    from climb.stages.tokenize import cluster_tokens
-    cfg = run_config(preset, rec["search_seed"], rule)
-    space = mixture_space(cfg, cluster_tokens(RunPaths(names(preset))))
-    pick = final_mixture(cfg, space, rec["swarm"])
-    return {"weights": pick["weights"], "predicted": pick["predicted"], "steadiness": pick.get("steadiness")}
-
-
-def recorded(preset: str, seed: int, arm: str):
-    """(record, config, mixture space) of a recorded run, the space as its search drew its pool (the
-    target's affinity recomputed on the base where the arm uses it); None where there is no record."""
+def _space(preset: str, cfg) -> dict:
+    """The mixture space a run on the preset's base searched, with the target's affinity recomputed on
+    the base where the config uses it (so the pool is drawn as the run drew it)."""
     import numpy as np
 
     from climb.runtime.layout import RunPaths
     from climb.stages.search.common import mixture_space
     from climb.stages.tokenize import cluster_tokens
-    f = RECORDS / f"g49{preset}_{arm}_s{seed}.json"
-    if not f.exists():
-        return None
-    cfg, paths = run_config(preset, seed, arm=arm), RunPaths(names(preset))
+    paths = RunPaths(names(preset))
     space = mixture_space(cfg, cluster_tokens(paths))
     if cfg.search.target_prior:
         from climb.stages.search.affinity import target_affinity
         space["target"] = np.asarray(target_affinity(cfg, paths, space["usable"], write=False)["share"])
-    return json.loads(f.read_text()), cfg, space
+    return space
+
+
+def replay_pick(preset: str, rec: dict, rule: str, arm: str = "default") -> dict:
+    """The pick `rule` makes on the recorded run's results (the trajectory is the record's)."""
+    from climb.stages.search.common import final_mixture
+    cfg = run_config(preset, rec["search_seed"], rule, arm)
+    pick = final_mixture(cfg, _space(preset, cfg), rec["swarm"])
+    return {"weights": pick["weights"], "predicted": pick["predicted"], "steadiness": pick.get("steadiness")}
+
+
+def recorded(preset: str, seed: int, arm: str):
+    """(record, config, mixture space) of a recorded run, the space as its search drew its pool;
+    None where there is no record."""
+    f = RECORDS / f"g49{preset}_{arm}_s{seed}.json"
+    if not f.exists():
+        return None
+    cfg = run_config(preset, seed, arm=arm)
+    return json.loads(f.read_text()), cfg, _space(preset, cfg)
+
+
+def replays_file(preset: str, arm: str) -> Path:
+    """Where the replayed picks on an arm's recorded runs are kept."""
+    return RECORDS / (f"g49{preset}_replays.json" if arm == "default" else f"g49{preset}_{arm}_replays.json")
 
 
 def figure(preset: str, seeds: list[int], arm: str, out: str | None) -> dict:
@@ -267,33 +282,35 @@ def simulated(preset: str, seeds: list[int], arm: str, samples: int = 2, runs: i
     return obj
 
 
-def replay(preset: str, seeds: list[int], rules: list[str]) -> None:
-    """Each rule's pick on each recorded run, trained on the comparison seeds in the base folder
-    (kept in runs/g49<preset>_replay/replays.json, resumable; records in benchmarks/results/records)."""
+def replay(preset: str, seeds: list[int], rules: list[str], arm: str = "default") -> None:
+    """Each rule's pick on each recorded run of `arm`, trained on the comparison seeds in the base
+    folder (kept proxy by proxy in benchmarks/results/records/g49<preset>[_<arm>]_replays.json, so
+    a killed replay goes on where it stopped)."""
     from climb.runtime.executor import make_executor
     from climb.runtime.layout import RunPaths
     from climb.stages.search.common import proxy_task, run_proxies
     out_dir = REPO / "runs" / f"g49{preset}_replay"
     out_dir.mkdir(parents=True, exist_ok=True)
-    kept = RECORDS / f"g49{preset}_replays.json"
+    kept = replays_file(preset, arm)
     have = json.loads(kept.read_text()) if kept.exists() else {}
     base = RunPaths(names(preset))
     for seed in seeds:
-        rec = json.loads((RECORDS / f"g49{preset}_default_s{seed}.json").read_text())
+        rec = json.loads((RECORDS / f"g49{preset}_{arm}_s{seed}.json").read_text())
         for rule in rules:
             name = f"{rule}/s{seed}"
             if name in have and len(have[name]["objective"]) == EVAL_SEEDS:
                 continue
-            pick = replay_pick(preset, rec, rule)
+            pick = replay_pick(preset, rec, rule, arm)
             entry = {**pick, "search_seed": seed, "rule": rule, "objective": dict(have.get(name, {}).get("objective", {}))}
             same = max(abs(a - b) for a, b in zip(pick["weights"], rec["mixtures"]["weights"])) < 1e-12
             if same:  # the run's own pick: its comparison proxies are the record's
                 entry["objective"] = {str(s): rec["comparison"][f"climb/{s}"]["objective"]
                                       for s in rec["comparison_seeds"]}
             else:
-                cfg = run_config(preset, seed, rule)
+                cfg = run_config(preset, seed, rule, arm)
                 todo = [s for s in rec["comparison_seeds"] if str(s) not in entry["objective"]]
-                tasks = [proxy_task(cfg, base, f"replay-{rule}-s{seed}-{s}", -1, pick["weights"], s) for s in todo]
+                tag = rule if arm == "default" else f"{arm}-{rule}"
+                tasks = [proxy_task(cfg, base, f"replay-{tag}-s{seed}-{s}", -1, pick["weights"], s) for s in todo]
 
                 def got(i, r, entry=entry, todo=todo, name=name):  # kept proxy by proxy: a kill loses one
                     entry["objective"][str(todo[i])] = r["objective"]
@@ -405,17 +422,19 @@ def decompose(preset: str, seeds: list[int], rules: list[str], out: str | None) 
     return out_obj
 
 
-def judge(preset: str, seeds: list[int], arm: str, out: str | None) -> dict:
+def judge(preset: str, seeds: list[int], arm: str, out: str | None, rule: str = "seen") -> dict:
     """An arm against the default under the rule (docs/benchmarks/steady-answer.md, "The next
     measurement"): per seed its found objective, held-out share, steadiness and verdicts; overall
     the sd, the paired difference from the default by seed, the compute fraction, and whether it
-    passes."""
+    passes. `rule` other than "seen": the arm's trajectories with that final rule replayed on them
+    (`replay --arm A --rules R` first); the search, so its compute, is the arm's."""
     import numpy as np
 
     from climb.optimize.quality import paired_comparison
     limits = {"tech": (0.006, 0.003), "bench": (0.0025, 0.002), "sport": (None, 0.005)}[preset]
     base = _baselines(preset)
-    rows, ours, theirs, cu, cd = [], [], [], [], []
+    replays = json.loads(replays_file(preset, arm).read_text()) if rule != "seen" else {}
+    rows, ours, theirs, cu, cd, own = [], [], [], [], [], []
     for s in seeds:
         a, d = (RECORDS / f"g49{preset}_{arm}_s{s}.json"), (RECORDS / f"g49{preset}_default_s{s}.json")
         if not (a.exists() and d.exists()):
@@ -423,10 +442,17 @@ def judge(preset: str, seeds: list[int], arm: str, out: str | None) -> dict:
         ra, rd = json.loads(a.read_text()), json.loads(d.read_text())
         cs = [str(c) for c in ra["comparison_seeds"]]
         vals = [ra["comparison"][f"climb/{c}"]["objective"] for c in cs]
+        share, steady = ra.get("held_out_share", {}).get("climb"), (ra["quality"].get("steadiness") or {}).get("pick_sd")
+        if rule != "seen":
+            entry = replays.get(f"{rule}/s{s}")
+            if entry is None or len(entry["objective"]) < len(cs):
+                continue
+            own.append(float(np.mean(vals)))
+            vals = [entry["objective"][c] for c in cs]
+            share, steady = entry.get("held_out_share"), (entry.get("steadiness") or {}).get("pick_sd")
         verdicts = {n: paired_comparison(vals, [b[c] for c in cs], ra["goal"]) for n, b in base.items()}
         rows.append({"seed": s, "found": float(np.mean(vals)), "default": rd["score"],
-                     "held_out_share": ra.get("held_out_share", {}).get("climb"),
-                     "steadiness": (ra["quality"].get("steadiness") or {}).get("pick_sd"),
+                     "held_out_share": share, "steadiness": steady,
                      "verdicts": {n: {"diff": v["diff"], "ci95": v["ci95"], "verdict": v["verdict"]}
                                   for n, v in verdicts.items()}})
         ours.append(rows[-1]["found"])
@@ -445,9 +471,12 @@ def judge(preset: str, seeds: list[int], arm: str, out: str | None) -> dict:
     checks = {"seeds": len(rows) >= need, "sd": limits[0] is None or sd <= limits[0],
               "paired_upper": diff["ci95"] is not None and diff["ci95"][1] < limits[1],
               "share": not shares or min(shares) >= 0.6, "beats_baselines": better, "compute": fraction <= 1.1}
-    obj = {"preset": preset, "arm": arm, "seeds": [r["seed"] for r in rows], "per_seed": rows, "sd": sd,
-           "minus_default": diff["diff"], "ci95": diff["ci95"], "compute_fraction": fraction,
+    obj = {"preset": preset, "arm": arm, "rule": rule, "seeds": [r["seed"] for r in rows], "per_seed": rows,
+           "sd": sd, "minus_default": diff["diff"], "ci95": diff["ci95"], "compute_fraction": fraction,
            "default_sd": float(np.std(theirs, ddof=1)), "checks": checks, "passes": all(checks.values())}
+    if own:  # the same trajectories with the arm's own pick, for what the rule changed
+        mine = paired_comparison(ours, own, goal)
+        obj["minus_arm_seen"] = {"diff": mine["diff"], "ci95": mine["ci95"], "sd_seen": float(np.std(own, ddof=1))}
     print(json.dumps({k: v for k, v in obj.items() if k != "per_seed"}, indent=1))
     if out:
         write_result(out, obj)
@@ -458,19 +487,21 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("verb", choices=["train", "replay", "decompose", "spread", "judge", "figure",
                                          "simulated"])
-    ap.add_argument("--arm", choices=list(ARMS), default="default", help="train / judge / figure: which search")
+    ap.add_argument("--arm", choices=list(ARMS), default="default", help="train / replay / judge / figure: which search")
     ap.add_argument("--records", default="g49{preset}_default_s{seed}",
                     help="spread: the record names, e.g. g32tech_default_s{seed} for issue 32's runs")
     ap.add_argument("--preset", choices=list(PRESETS), default="tech")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(20, 30)))
     ap.add_argument("--rules", nargs="+", default=["seen", "measured-predicted", "predicted", "predicted-mean16"],
                     choices=list(RULES))
+    ap.add_argument("--rule", choices=list(RULES), default="seen",
+                    help="judge: the final rule replayed on the arm's runs (replay --arm A --rules R first)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.verb == "train":
         train(a.preset, a.seeds, a.arm)
     elif a.verb == "judge":
-        judge(a.preset, a.seeds, a.arm, a.json)
+        judge(a.preset, a.seeds, a.arm, a.json, a.rule)
     elif a.verb == "figure":
         figure(a.preset, a.seeds, a.arm, a.json)
     elif a.verb == "simulated":
@@ -483,7 +514,7 @@ def main(argv=None) -> None:
         if a.json:
             write_result(a.json, obj)
     elif a.verb == "replay":
-        replay(a.preset, a.seeds, a.rules)
+        replay(a.preset, a.seeds, a.rules, a.arm)
     else:
         decompose(a.preset, a.seeds, a.rules, a.json)
 

@@ -136,3 +136,29 @@ def test_steadiness_does_not_depend_on_the_order_of_the_results():
     a = final_pick(X, y, "minimize", X, strategy, 0, steadiness=8)["steadiness"]
     b = final_pick(X.copy(), y.copy(), "minimize", X, strategy, 0, steadiness=8)["steadiness"]
     assert a["pick_sd"] == b["pick_sd"] and np.array_equal(a["picks"], b["picks"])
+
+
+def test_the_measured_top_k_mean_stays_among_the_measured_and_inside_the_bounds():
+    """final = "measured-predicted" with final_top_k > 1: the mean of the k measured mixtures the
+    predictor rates best, each counted once (replicates repeat a mixture), put back inside the caps
+    and the minimum weight; with k = 1 it is the single measured mixture the predictor rates best."""
+    rng = np.random.default_rng(5)
+    k, min_weight = 6, 0.05
+    caps = np.full(k, 0.35)
+    pool = np.array([project(w, caps, min_weight) for w in rng.dirichlet(np.full(k, 0.4), 400)])
+    centre = pool[0]  # the best mixture is one of those trained again
+    X = np.vstack([pool[:30], pool[:3]])  # three mixtures trained again (replicates)
+    y = _bowl(X, centre) + 0.002 * rng.standard_normal(len(X))
+    from climb.optimize.strategy import _fit
+    one = Strategy(predictor="gp", final="measured-predicted")
+    four = Strategy(predictor="gp", final="measured-predicted", final_top_k=4)
+    model = _fit(four, X, y, 0)
+    best = pick_weights(X, y, "minimize", pool, one, model)
+    assert any(np.array_equal(best, x) for x in X)
+    order = np.argsort(model.predict(pool[:30]))
+    want = pool[:30][order[:4]].mean(0)
+    got = pick_weights(X, y, "minimize", pool, four, model)
+    np.testing.assert_allclose(got, want / want.sum())  # the replicates do not count twice
+    w = final_pick(X, y, "minimize", pool, four, 0, bounds=(caps, min_weight))["weights"]
+    assert within(w, caps, min_weight)
+    assert np.isclose(w.sum(), 1.0)

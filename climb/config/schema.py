@@ -354,8 +354,9 @@ class SearchConfig:
     predictor: str = "default"
     # Final mixture: "seen" (the best measured), "measured-predicted" (the measured
     # mixture the predictor rates best) or "predicted" (the best predicted of a fresh
-    # pool and the measured mixtures; with final_top_k > 1, the mean of the top k, put back
-    # inside search.min_weight and the epoch caps: climb/optimize/pick.py).
+    # pool and the measured mixtures). With final_top_k > 1 the pick is the mean of the top
+    # k (of the measured mixtures, each once, for "measured-predicted"), put back inside
+    # search.min_weight, the epoch caps and the bounds: climb/optimize/pick.py.
     final: str = "seen"
     final_top_k: int = 1
     # With final = "predicted": the pick pays final_kl * KL(w || natural) in the objective's units

@@ -15,9 +15,9 @@
   measured are never proposed again.
 - `final_pick(X_seen, y_seen, goal, pool, strategy, seed)`: ``seen`` (the best
   measured), ``measured-predicted`` (the measured mixture the predictor rates best:
-  less swayed by one lucky draw of proxy noise) or ``predicted`` (the best
-  predicted of the pool and the measured mixtures; the mean of the top k if
-  `final_top_k` > 1).
+  less swayed by one lucky draw of proxy noise; the mean of the k it rates best if
+  `final_top_k` > 1) or ``predicted`` (the best predicted of the pool and the measured
+  mixtures; the mean of the top k if `final_top_k` > 1).
 - `simulate(...)`: a whole search over a finite pool whose every result is known,
   the measurement being a table look-up.
 
@@ -149,11 +149,19 @@ def pick_weights(X_seen, y_seen, goal: str, pool: np.ndarray, strategy: Strategy
     if strategy.final == "seen":
         return X_seen[int(np.argmin(s * y_seen))]
     if strategy.final == "measured-predicted":
-        return X_seen[int(np.argmin(s * model.predict(X_seen)))]
-    C = np.vstack([np.asarray(pool, float), X_seen])
-    score = s * model.predict(C)
-    if strategy.final_kl and natural is not None:
-        score = score + strategy.final_kl * kl_to(C, natural)
+        if strategy.final_top_k <= 1:
+            return X_seen[int(np.argmin(s * model.predict(X_seen)))]
+        # The mean of the k measured mixtures the predictor rates best, each counted once however
+        # often it was trained (replicates): an average over the measured near-best, not a chase
+        # of the one proxy that measured luckiest, and never outside the region the search measured.
+        _, first = np.unique(X_seen, axis=0, return_index=True)
+        C = X_seen[np.sort(first)]
+        score = s * model.predict(C)
+    else:
+        C = np.vstack([np.asarray(pool, float), X_seen])
+        score = s * model.predict(C)
+        if strategy.final_kl and natural is not None:
+            score = score + strategy.final_kl * kl_to(C, natural)
     order = np.argsort(score, kind="stable")
     w = C[order[: max(1, strategy.final_top_k)]].mean(0)
     w = w / w.sum()
