@@ -237,13 +237,17 @@ def figure(preset: str, seeds: list[int], arm: str, out: str | None) -> dict:
 
 
 def simulated(preset: str, seeds: list[int], arm: str, samples: int = 2, runs: int = 4, pool: int = 1000,
-              out: str | None = None) -> dict:
+              out: str | None = None, truth: str = "sample") -> dict:
     """Another candidate for a run's own steadiness figure: the whole search simulated on the run's
     posterior. The predictor's GP, fitted on a recorded run's proxies, is sampled jointly over a pool
     drawn as the run draws its own (`samples` functions); on each, the search is simulated
     (climb.optimize.strategy.simulate, the run's iterations and strategy, measurements with the run's
     paired noise) with `runs` search seeds; the figure is the RMS over samples of the sd of the
-    simulated picks' values, against the seed-to-seed sd of the recorded found objectives."""
+    simulated picks' values, against the seed-to-seed sd of the recorded found objectives.
+
+    `truth = "mean"`: the search simulated on the posterior mean alone (one function, `samples` x
+    `runs` search seeds): the spread a re-run would show if the run's own view of the landscape were
+    right, the predictor's doubt about regions nobody measured left out."""
     import numpy as np
 
     from climb.optimize.acquisition import gp_posterior, spread_model
@@ -265,17 +269,19 @@ def simulated(preset: str, seeds: list[int], arm: str, samples: int = 2, runs: i
         noise = rec["quality"].get("paired_sd") or 0.0
         strategy = from_search_config(cfg.search)
         sds = []
-        for k in range(samples):
-            fk = mean + root @ rng.standard_normal(len(P))
+        for k in range(1 if truth == "mean" else samples):
+            fk = mean if truth == "mean" else mean + root @ rng.standard_normal(len(P))
+            n_runs = samples * runs if truth == "mean" else runs
             picks = [simulate(P, fk, rec["goal"], cfg.search.iterations, strategy, seed=1000 * k + j, noise=noise)["pick"]
-                     for j in range(runs)]
+                     for j in range(n_runs)]
             sds.append(float(np.std(fk[picks], ddof=1)))
         rows.append({"seed": s, "found": rec["score"], "simulated_spread": float(np.sqrt(np.mean(np.square(sds))))})
         print(f"seed {s}: found {rec['score']:.4f}, simulated spread {rows[-1]['simulated_spread']:.4f}", flush=True)
     sd = float(np.std([r["found"] for r in rows], ddof=1))
     rms = float(np.sqrt(np.mean([r["simulated_spread"] ** 2 for r in rows])))
     obj = {"preset": preset, "arm": arm, "seeds": [r["seed"] for r in rows], "per_seed": rows, "found_sd": sd,
-           "rms_simulated_spread": rms, "ratio": rms / sd, "samples": samples, "runs": runs, "pool": pool}
+           "rms_simulated_spread": rms, "ratio": rms / sd, "samples": samples, "runs": runs, "pool": pool,
+           "truth": truth}
     print(json.dumps({k: v for k, v in obj.items() if k != "per_seed"}, indent=1))
     if out:
         write_result(out, obj)
@@ -496,6 +502,8 @@ def main(argv=None) -> None:
                     choices=list(RULES))
     ap.add_argument("--rule", choices=list(RULES), default="seen",
                     help="judge: the final rule replayed on the arm's runs (replay --arm A --rules R first)")
+    ap.add_argument("--truth", choices=["sample", "mean"], default="sample",
+                    help="simulated: search the GP's samples or its posterior mean")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.verb == "train":
@@ -505,7 +513,7 @@ def main(argv=None) -> None:
     elif a.verb == "figure":
         figure(a.preset, a.seeds, a.arm, a.json)
     elif a.verb == "simulated":
-        simulated(a.preset, a.seeds, a.arm, out=a.json)
+        simulated(a.preset, a.seeds, a.arm, out=a.json, truth=a.truth)
     elif a.verb == "spread":
         recs = [json.loads(f.read_text()) for f in (RECORDS / (a.records.format(preset=a.preset, seed=s) + ".json")
                                                      for s in a.seeds) if f.exists()]
