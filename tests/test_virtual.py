@@ -200,6 +200,10 @@ def test_the_pool_starts_with_the_component_and_holds_every_bound():
     share = W[:, :3] / W[:, :3].sum(1, keepdims=True)
     np.testing.assert_allclose(share, np.broadcast_to(v[:3] / v[:3].sum(), share.shape), atol=1e-6)
     assert len(component_pool(cfg, space, v, [], 500, seed=0)) == 1  # nothing new: the component alone
+    # A new cluster whose cap is below min_weight can take no weight: the component alone again.
+    tight = {**space, "max_weight": np.array([1.0, 1.0, 1.0, 0.01])}
+    tight["bounds"] = from_config({}, tight, 0.02)
+    assert len(component_pool(cfg, tight, v, [3], 500, seed=0)) == 1
 
 
 # ----------------------------------------------------------------- a shard removed: no cluster new

@@ -205,9 +205,10 @@ def toward(W, v, b, steps: int = 48) -> np.ndarray:
         return W
     Y = W[out]
     lo, hi = np.zeros(len(out)), np.ones(len(out))
+    tol = 1e-9 if satisfied(v[None], b, tol=1e-9)[0] else None  # as closely as v itself holds them
     for _ in range(steps):
         mid = (lo + hi) / 2
-        ok = satisfied(v + mid[:, None] * (Y - v), b, tol=1e-9)
+        ok = satisfied(v + mid[:, None] * (Y - v), b, **({"tol": tol} if tol else {}))
         lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid)
     W[out] = v + lo[:, None] * (Y - v)
     return W
@@ -232,7 +233,10 @@ def prepare(cfg: RunConfig, paths: RunPaths, space: dict) -> dict:
     v = np.asarray(plan["weights"], float)
     new = list(plan["new_clusters"])
     t = len(search_cfg.iterations)
-    start = max(0, t - 2) if new else t
+    # Bounds may leave the new clusters no weight (a cap below min_weight, a bound at 0): the pool
+    # is then the component alone, and nothing is left to search.
+    room = bool(new) and len(component_pool(cfg, space, v, new, 16, search_cfg.seed)) > 1
+    start = max(0, t - 2) if room else t
     summary = {"earlier": search_cfg.reuse, "mode": VIRTUAL,
                **{key: plan[key] for key in ("earlier_clusters", "clusters", "new_clusters", "removed_share",
                                              "lost_clusters", "matched_docs")},
@@ -272,6 +276,9 @@ def sentence(s: dict) -> str:
     if not new:
         return f"{head}; no cluster is new, so no search proxy trained and the pick is that component"
     plural = "s" if len(new) > 1 else ""
+    if not its:
+        return (f"{head}; new cluster{plural} {', '.join(map(str, new))}, but the bounds leave "
+                f"{'them' if plural else 'it'} no weight, so no search proxy trained and the pick is that component")
     return (f"{head}; new cluster{plural} {', '.join(map(str, new))}: the search ran iteration"
             f"{'s' if len(its) > 1 else ''} {', '.join(map(str, its))} over the component and the new "
             f"cluster{plural} alone, {s['proxies']} proxies")
