@@ -86,8 +86,9 @@ def earlier_component(cfg: RunConfig, paths: RunPaths, ep: RunPaths, space: dict
     tokens come from documents the earlier run did not hold, "removed_share": the earlier mixture's
     weight on documents gone, "lost_clusters": earlier clusters none of whose documents is left
     (their weight renormalised away), "matched_docs": documents in both token stores,
-    "earlier_clusters", "clusters"}. `space`: the search's mixture space (None: built as the
-    search builds it)."""
+    "earlier_clusters", "clusters", "new_token_share": each cluster's share of tokens from documents
+    the earlier run did not hold}. `space`: the search's mixture space (None: built as the search
+    builds it)."""
     from climb.stages.search.common import run_space
     if space is None:
         space = run_space(cfg, paths)
@@ -96,21 +97,21 @@ def earlier_component(cfg: RunConfig, paths: RunPaths, ep: RunPaths, space: dict
     if len(w_old) != k_old:
         raise InputError(f"search.reuse {cfg.search.reuse}: its mixture.json has {len(w_old)} weights for its "
                          f"{k_old} clusters; run `climb search --run {cfg.search.reuse}` to repair it")
-    held_old = np.zeros(k_old)  # each earlier cluster's tokens in the earlier store
+    from climb.stages.search.sources import store_documents
+    held_old = np.zeros(k_old)  # each earlier cluster's tokens in the earlier store, shards gone included
+    for shard in ep.shards():
+        c, t = store_documents(ep, shard)
+        held_old += np.bincount(c[c >= 0], weights=t[c >= 0], minlength=k_old)[:k_old]
     match_old, match_new, match_tokens = [], [], []
     total_new, unheld_new = np.zeros(k), np.zeros(k)
-    before = {}
-    for shard in ep.shards():
-        ids, c, t = _documents(ep, shard)
-        held_old += np.bincount(c, weights=t, minlength=k_old)[:k_old]
-        before[shard] = (ids, c, t)
-    for shard in paths.shards():
+    before = set(ep.shards())
+    for shard in paths.shards():  # one shard of each run in memory at a time
         ids, c, t = _documents(paths, shard)
         total_new += np.bincount(c, weights=t, minlength=k)[:k]
         if shard not in before:
             unheld_new += np.bincount(c, weights=t, minlength=k)[:k]
             continue
-        ids_old, c_old, t_old = before[shard]
+        ids_old, c_old, t_old = _documents(ep, shard)
         _, i_old, i_new = np.intersect1d(ids_old, ids, assume_unique=False, return_indices=True)
         match_old.append(c_old[i_old])
         match_new.append(c[i_new])
