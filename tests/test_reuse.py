@@ -29,10 +29,12 @@ WORLD = {"mode": "same", "version": "v1", "calls": 0}
 
 def _bowl(task):
     """0.5 |w - CENTRE|^2 plus noise per (version, mixture, seed); "shifted" adds a constant,
-    "stretched" doubles every difference, "reversed" turns the bowl upside down."""
+    "stretched" doubles every difference, "reversed" turns the bowl upside down. Over another
+    number of clusters (clusters fitted again), the bowl is centred on the uniform mixture."""
     WORLD["calls"] += 1
     w = np.asarray(task.weights, float)
-    d = 0.5 * float(((w - CENTRE) ** 2).sum())
+    centre = CENTRE if len(w) == len(CENTRE) else np.full(len(w), 1 / len(w))
+    d = 0.5 * float(((w - centre) ** 2).sum())
     d = {"same": d, "shifted": d + 0.03, "stretched": 2 * d, "reversed": 1.0 - d}[WORLD["mode"]]
     rng = np.random.default_rng([zlib.crc32(WORLD["version"].encode()), int(task.seed),
                                  zlib.crc32(np.round(w, 6).tobytes())])
@@ -244,6 +246,27 @@ def test_another_proxy_tokenizer_or_target_is_refused_in_one_line(earlier, tmp_p
     assert re.search(said, err[-1]) and err[-1].count("search.reuse") == 1, err
     assert WORLD["calls"] == 0 and paths.search.results.read_bytes() == before
     assert not paths.search.reuse_plan.exists()
+
+
+def test_other_clusters_are_not_refused_the_earlier_mixture_enters_as_one_component(earlier, tmp_path):
+    """cluster.refit with another cluster.k, the same tokenizer (named), target and proxies: the
+    earlier found mixture is read over the new clusters (tests/test_virtual.py), no confirmation round."""
+    from dataclasses import replace
+
+    import climb.stages.embed
+    from climb.stages import cluster, search, tokenize
+    cfg, paths = _next(earlier, tmp_path)
+    cfg = replace(cfg, cluster=replace(cfg.cluster, k=3, refit=True),
+                  proxy=replace(cfg.proxy, tokenizer=str(earlier[1] / "tokenize" / "tokenizer.json")))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(climb.stages.embed, "load_model", lambda c: FakeModel())
+        cluster.run(cfg, paths)
+        tokenize.run(cfg, paths)
+    stats = search.run(cfg, paths)
+    assert paths.n_clusters() == 3 and stats["reuse"] == {"mode": "virtual", "new_clusters": [], "proxies": 0}
+    assert _records(paths) == [] and WORLD["calls"] == stats["comparison_proxies"]
+    plan = json.loads(paths.search.reuse_plan.read_text())
+    assert plan["mode"] == "virtual" and "mixtures" not in plan and plan["matched_docs"] == 120
 
 
 def test_a_run_without_a_finished_search_or_its_own_folder_is_refused(earlier, tmp_path):

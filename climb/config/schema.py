@@ -411,10 +411,13 @@ class SearchConfig:
     merge_tokens: int = 4096
     # The folder of an earlier run whose finished search (its results.jsonl, quality.json
     # and mixture.json) enters this search as prior evidence, for a corpus that changed
-    # under the same clusters, tokenizer, proxies and target (refused otherwise). A
-    # confirmation round of search.iterations[-1] proxies repeats the earlier run's
+    # under the same tokenizer, proxies and target (refused otherwise). Under the same clusters,
+    # a confirmation round of search.iterations[-1] proxies repeats the earlier run's
     # measurements on the new token store; as it holds, drifted or fails, the search runs its last
-    # iteration, its last two, or all of them (climb/stages/search/reuse.py). "": off.
+    # iteration, its last two, or all of them (climb/stages/search/reuse.py). Under other clusters
+    # (cluster.refit, another cluster.k), its found mixture enters as one fixed component and the
+    # last two iterations search over it and the new clusters alone; with none new, no search
+    # proxy trains (climb/stages/search/virtual.py). "": off.
     reuse: str = ""
 
 

@@ -172,11 +172,11 @@ class SearchOutputs:
         return self.dir / "quality.json"
 
     @property
-    def reuse_plan(self) -> Path:  # the confirmation round of an earlier run's evidence (search.reuse)
+    def reuse_plan(self) -> Path:  # search.reuse: the confirmation round, or across other clusters the component
         return self.dir / "reuse_plan.json"
 
     @property
-    def reuse(self) -> Path:  # what the confirmation round found, and what the search did with it
+    def reuse(self) -> Path:  # what the confirmation round found (or the component), and what the search did
         return self.dir / "reuse.json"
 
     @property

@@ -475,6 +475,16 @@ def run(cfg: RunConfig, paths: RunPaths) -> dict:
     return stats
 
 
+def _found_line(mix: dict) -> str:
+    """What the search predicted for its pick and measured at its best; a pick no search proxy
+    measured (search.reuse across other clusters, none of them new) has neither."""
+    if mix.get("predicted") is None or not mix.get("best_seen"):
+        return ("No search proxy was trained: the found mixture is the earlier run's, read over this run's clusters "
+                "(search.reuse), and the comparison above is its only measurement.")
+    return (f"Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy seen during the search:\n"
+            f"{mix['best_seen']['objective']:.4f} ({mix['best_seen']['mixture_id']}).")
+
+
 def _report(cfg: RunConfig, paths: RunPaths, validation: dict | None, out: Path) -> dict:
     csum = read_json(paths.cluster.summary)
     clusters = csum["clusters"]
@@ -513,7 +523,7 @@ def _report(cfg: RunConfig, paths: RunPaths, validation: dict | None, out: Path)
 
 Target: **{name}**, goal **{cfg.target.goal}**. {len(results)} search proxies over
 {len(cfg.search.iterations)} iterations ({' -> '.join(map(str, cfg.search.iterations))}){_cheaper(cfg, results)}, predictor
-`{mix['predictor']}`; {len(clusters)} clusters.
+`{mix['predictor'] or 'none'}`; {len(clusters)} clusters.
 
 ## Result
 
@@ -530,8 +540,7 @@ whose interval spans zero is not resolved.
 
 {quality_lines(quality)}
 
-Predicted objective of the found mixture: {mix['predicted']:.4f}; best proxy seen during the search:
-{mix['best_seen']['objective']:.4f} ({mix['best_seen']['mixture_id']}).
+{_found_line(mix)}
 
 ![weights](weights.png)
 {_by_source_section(summary)}

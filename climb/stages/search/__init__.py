@@ -10,7 +10,9 @@ models), `compare` (the paired comparison), `summary` (what a finished search fo
 report and the export's card), `sources` (each source's share of each cluster, and the
 mixture by source), `repick` (`climb repick`: a finished search picked again under another
 objective, under `search/repicks/`), `reuse` (`search.reuse`: an earlier run's evidence, checked by a
-confirmation round on this corpus first); the pick itself is climb/optimize/pick.py.
+confirmation round on this corpus first), `virtual` (`search.reuse` across other clusters: the earlier
+found mixture as one fixed component, the search over it and the new clusters); the pick itself is
+climb/optimize/pick.py.
 
 Proxies train on the tokenize stage's per-cluster token store.
 
@@ -62,16 +64,19 @@ from climb.stages.search.common import (append, source_bounds, candidate_pool, f
                                         ok_sorted, pool_size, proxy_task, read_results, run_proxies, search_bounds)
 from climb.stages.search.compare import compare, comparison_table, one_shot, replicates
 from climb.stages.search.reuse import CONFIRMATION, confirm, evidence_key
-from climb.stages.search import reuse
+from climb.stages.search import reuse, virtual
 from climb.stages.search.sources import by_source, write_source_shares
 from climb.stages.tokenize import cluster_tokens
 
 log = logging.getLogger(__name__)
 
 def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: list[dict],
-                   prior=None) -> dict:
+                   prior=None, pool=None) -> dict:
     """The mixtures of iteration `it` (saved, so a resumed search trains the same ones);
-    `prior`: the experts' feature the predictor fits a line in first (search.experts)."""
+    `prior`: the experts' feature the predictor fits a line in first (search.experts); `pool`:
+    pool(n, seed), the candidates to propose from instead of the Dirichlet pool (search.reuse
+    across other clusters: climb.stages.search.virtual), its first rows taken first when the
+    iteration is a random one."""
     from dataclasses import replace as dc_replace
 
     from climb.optimize.strategy import from_search_config
@@ -81,10 +86,10 @@ def plan_iteration(cfg: RunConfig, paths: RunPaths, it: int, space: dict, seen: 
         return read_json(plan_file)
     search_cfg = cfg.search
     n = search_cfg.iterations[it]
-    fixed = fixed_candidates(cfg, space)
-    pool = fixed if fixed is not None else candidate_pool(cfg, space,
-                                                       pool_size(cfg) if it else max(n * 20, 1000),
-                                                       search_cfg.seed + 1000 * it)
+    fixed = fixed_candidates(cfg, space) if pool is None else None
+    draw = pool or (lambda m, seed: candidate_pool(cfg, space, m, seed))
+    pool = fixed if fixed is not None else draw(pool_size(cfg) if it else max(n * 20, 1000),
+                                                search_cfg.seed + 1000 * it)
     ok = ok_sorted(seen)
     X = np.array([r["weights"] for r in ok]).reshape(len(ok), pool.shape[1])
     y = np.array([r["objective"] for r in ok])
@@ -115,6 +120,10 @@ def key(cfg: RunConfig, paths: RunPaths, legacy: bool = False) -> str:
         parts.append({"source_column": cfg.corpus.source_column})
     if cfg.search.reuse:  # the earlier run's evidence by what it holds, not where it lies
         parts.append({"reuse": evidence_key(cfg)})
+        # Across other clusters its found mixture is read through its documents: its clusters and
+        # token store count too, as its own search's key holds them.
+        if reuse.mode(reuse.earlier(cfg), paths) == "virtual":
+            parts.append({"component_of": reuse.earlier_search_key(cfg)})
     return digest(*parts) if legacy else digest(*parts, target_files(cfg.target, paths.root, paths.digests))
 
 
@@ -155,15 +164,20 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     done = {r["mixture_id"] for r in results if not results_log.retry(r, search_cfg.retry_failed)}
     base = shared_base(cfg, paths, ex, space)
     prior = experts_feature(cfg, paths, ex, space) or merged_feature(cfg, paths, ex, space, base)
-    # search.reuse: a confirmation round decides where the search starts and what it leans on.
+    # search.reuse: a confirmation round decides where the search starts and what it leans on;
+    # across other clusters, the earlier found mixture is one fixed component of a smaller search.
     reused = {"start": 0, "evidence": [], "plan_prior": prior, "pick_prior": prior, "summary": None}
-    if search_cfg.reuse:
+    if search_cfg.reuse and reuse.mode(reuse.earlier(cfg), paths) == "virtual":
+        reused = virtual.prepare(cfg, paths, space)
+    elif search_cfg.reuse:
         reused = confirm(cfg, paths, ex, space, base)
         results = read_results(paths)
         done |= {r["mixture_id"] for r in results if not results_log.retry(r, search_cfg.retry_failed)}
+    reps: dict = {}
     for it in range(reused["start"], len(search_cfg.iterations)):
         plan = plan_iteration(cfg, paths, it, space,
-                              reused["evidence"] + [r for r in results if r["iteration"] < it], reused["plan_prior"])
+                              reused["evidence"] + [r for r in results if r["iteration"] < it], reused["plan_prior"],
+                              pool=reused.get("pool"))
         todo = [m for m in plan["mixtures"] if m["mixture_id"] not in done]
         if todo:
             log.info("search iteration %d/%d: %d proxies (%d already done)", it + 1, len(search_cfg.iterations),
@@ -178,8 +192,8 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         results_log.require_successes(results, 1)
         _write_swarm_csv(paths, results)
         if it == reused["start"]:
-            reps = replicates(cfg, paths, ex, results, base)
-            q = _quality(cfg, results, reps, {}, [])
+            reps = replicates(cfg, paths, ex, results, base, iteration=reused.get("first", 0))
+            q = _quality(cfg, results, reps, {}, [], first=reused.get("first", 0))
             log.info("noise after iteration 1: seed sd %s, paired sd %s, swarm sd %s, signal-to-noise %s",
                      *(_fmt(q[k]) for k in ("seed_sd", "paired_sd", "swarm_sd", "snr")))
             for w in warnings(q):
@@ -198,8 +212,17 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
                      it + 1, ",".join(cfg.target.objective), best["objective"], best["mixture_id"],
                      _fmt(oof[-1]), f"; the {feature_name}'s Spearman with the results {_fmt(skill[-1])}"
                      if skill else "")
-    results_log.require_successes(results, 2)
-    final = final_mixture(cfg, space, results, prior=reused["pick_prior"])
+    if "component" in reused and reused["start"] == len(search_cfg.iterations):
+        # No cluster is new: nothing is left to choose, and the pick is the earlier mixture read over these clusters.
+        final = virtual.component_pick(space, reused["component"])
+        paths.search.results.touch()  # an empty log: this search trained no proxy, and a later reuse reads it
+    else:
+        results_log.require_successes(results, 2)
+        final = final_mixture(cfg, space, results, prior=reused["pick_prior"],
+                              pool=reused["pool"](pool_size(cfg), search_cfg.seed + 99_991)
+                              if "pool" in reused else None)
+    if "component" in reused:
+        reused["summary"] = virtual.finish(paths, reused["summary"], results)
     record_merge_scoring(paths, prior, search_cfg.seed)
     write_json(paths.search.mixture, {**final, "natural": space["natural"].tolist(),
                                       "uniform": space["uniform"].tolist(), "max_weight": space["max_weight"].tolist(),
@@ -214,7 +237,7 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     if all(r["status"] != "ok" for per in runs.values() for r in per.values()):
         results_log.require_successes([r for per in runs.values() for r in per.values()], 1, "comparison proxies")
     table, verdicts = comparison_table(cfg, runs)
-    quality = _quality(cfg, results, reps, runs, oof)
+    quality = _quality(cfg, results, reps, runs, oof, first=reused.get("first", 0))
     quality["trained_in"] = sorted({f"{r['device']} {r['precision']}" for r in results + [
         x for per in runs.values() for x in per.values()] if r.get("device") and r.get("status") == "ok"})
     if prior is not None:
@@ -251,7 +274,8 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
              if paths.search.merge.exists() else 0,
              "one_shot_proxies": len(read_json(paths.search.one_shot)) if paths.search.one_shot.exists() else 0}
     if reused["summary"]:
-        stats["reuse"] = {k: reused["summary"][k] for k in ("decision", "confirmation_proxies")}
+        stats["reuse"] = {k: reused["summary"][k] for k in ("mode", "decision", "confirmation_proxies", "new_clusters",
+                                                            "proxies") if k in reused["summary"]}
     return stats
 
 
@@ -267,8 +291,9 @@ def _oof(cfg: RunConfig, results: list[dict]) -> float | None:
                         seed=cfg.search.seed)
 
 
-def _quality(cfg: RunConfig, results: list[dict], reps: dict, runs: dict, oof: list) -> dict:
-    """Noise (replicates and comparison runs pooled), signal (iteration 1's spread), SNR, predictor skill."""
+def _quality(cfg: RunConfig, results: list[dict], reps: dict, runs: dict, oof: list, first: int = 0) -> dict:
+    """Noise (replicates and comparison runs pooled), signal (the first iteration's spread: iteration
+    `first`, where a reuse across other clusters starts), SNR, predictor skill."""
     # In a fixed order (by mixture, then seed), so a resumed run's figures match an undisturbed one's
     # to the last bit, whatever order its proxies finished in.
     tables = [[[row[s] for s in sorted(row, key=str)] for _, row in sorted(reps.items())]] if reps else []
@@ -278,7 +303,7 @@ def _quality(cfg: RunConfig, results: list[dict], reps: dict, runs: dict, oof: l
     n = pooled_noise(clean)
     # A reused search's confirmation round is chosen, not drawn: no measure of the swarm's spread.
     swarm = [r["objective"] for r in sorted(results, key=lambda r: r["mixture_id"])
-             if r["iteration"] == 0 and r["status"] == "ok" and not r["mixture_id"].startswith(CONFIRMATION)]
+             if r["iteration"] == first and r["status"] == "ok" and not r["mixture_id"].startswith(CONFIRMATION)]
     sd = float(np.std(swarm, ddof=1)) if len(swarm) > 2 else None
     return {"seed_sd": n["seed_sd"], "paired_sd": n["paired_sd"], "noise_df": n["df"], "swarm_sd": sd,
             "snr": snr(swarm, n["paired_sd"]), "predictor_oof_spearman": oof,

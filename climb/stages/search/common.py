@@ -222,8 +222,9 @@ def final_pool(cfg: RunConfig, space: dict) -> np.ndarray:
 
 
 def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | None = None,
-                  source: str = "search/results.jsonl", prior=None) -> dict:
-    """The mixture the results point to, by `search.final` (or `rule`, e.g. "predicted").
+                  source: str = "search/results.jsonl", prior=None, pool: np.ndarray | None = None) -> dict:
+    """The mixture the results point to, by `search.final` (or `rule`, e.g. "predicted"), among the
+    measured mixtures and the unmeasured candidates `pool` (None: `final_pool`).
 
     A pick among measured mixtures ("seen", "measured-predicted") is among proxies trained to
     the end: one stopped at a rung (search.halving) holds a predicted final value only."""
@@ -238,7 +239,7 @@ def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | 
         raise RuntimeError(f"only {len(ok)} proxies succeeded; see {len(results)} records in {source}")
     X = np.array([r["weights"] for r in ok])
     y = np.array([r["objective"] for r in ok])
-    pool = final_pool(cfg, space)
+    pool = final_pool(cfg, space) if pool is None else pool
     strategy = dc_replace(from_search_config(search_cfg), prior=prior)
     if rule is not None:
         strategy = dc_replace(strategy, final=rule, final_top_k=1)

@@ -19,14 +19,15 @@ from climb.stages.search.common import (candidate_pool, final_mixture, fixed_can
 log = logging.getLogger(__name__)
 
 
-def replicates(cfg: RunConfig, paths: RunPaths, ex, results: list[dict], base: str = "") -> dict:
-    """Retrain the first `search.replicates` mixtures of iteration 1 with `replicate_seeds` more
-    seeds (continuing the search's shared base, when it has one: the noise its ranking sees);
-    returns {mixture_id: {seed: objective}} including the search's own seed."""
+def replicates(cfg: RunConfig, paths: RunPaths, ex, results: list[dict], base: str = "", iteration: int = 0) -> dict:
+    """Retrain the first `search.replicates` mixtures of the first iteration (`iteration`: where a
+    search that starts later begins) with `replicate_seeds` more seeds (continuing the search's
+    shared base, when it has one: the noise its ranking sees); returns {mixture_id: {seed:
+    objective}} including the search's own seed."""
     search_cfg = cfg.search
     out_file = paths.search.replicates
     have = read_json(out_file) if out_file.exists() else {}
-    first = sorted((r for r in results if r["iteration"] == 0 and "stopped" not in r),
+    first = sorted((r for r in results if r["iteration"] == iteration and "stopped" not in r),
                    key=lambda r: r["mixture_id"])[: search_cfg.replicates]
     seeds = [search_cfg.seed + 1 + s for s in range(search_cfg.replicate_seeds)]
     todo = [(r, s) for r in first for s in seeds

@@ -7,10 +7,13 @@ run's folder, its finished search (`search/results.jsonl`, `quality.json`, `mixt
 
 1. `check` (before any proxy trains; climb.runtime.preflight.before and the stage itself):
    refused, with one line naming what differs, where the earlier run has no finished search,
-   or other clusters (centroids, fine-to-cluster plan), another tokenizer (the content of
-   tokenize/tokenizer.json), another target (objective, goal, weights, target files by what
-   they hold) or other proxies ([proxy] as the search key sees it, and search.base). All by
-   content; the earlier search must also be up to date with its own config.toml and inputs.
+   another tokenizer (the content of tokenize/tokenizer.json), another target (objective, goal,
+   weights, target files by what they hold) or other proxies ([proxy] as the search key sees it,
+   and search.base). All by content; the earlier search must also be up to date with its own
+   config.toml and inputs. Other clusters (centroids, fine-to-cluster plan: `cluster.refit =
+   true`, another `cluster.k`) with all else equal are not refused: the earlier run's records
+   say nothing of this run's clusters, so its found mixture enters as one fixed component
+   instead (`mode` "virtual": climb/stages/search/virtual.py), and the steps below are skipped.
 2. `confirm`: a **confirmation round** of `search.iterations[-1]` mixtures the earlier run
    measured: its pick, and records spread over the range of its measured values (evenly spaced
    ranks from best to worst). Each trains on this run's token store with the earlier record's
@@ -133,10 +136,27 @@ def check(cfg: RunConfig, paths: RunPaths, key) -> None:
         raise InputError(f"search.reuse {where}: its search is not up to date with its config.toml and inputs (its "
                          f"token store, target files or settings changed since it ran); run `climb search --run "
                          f"{where}` first, or name another run")
-    differs = (_clustering(ep, paths) or _tokenizer(ep, paths) or _target(ecfg, ep, cfg, paths)
-               or _proxies(ecfg, cfg))
+    refit = _clustering(ep, paths) is not None
+    differs = _tokenizer(ep, paths, refit) or _target(ecfg, ep, cfg, paths) or _proxies(ecfg, cfg)
     if differs:
         raise InputError(f"search.reuse {where}: {differs}")
+    if refit and cfg.search.candidates:
+        raise InputError(f"search.reuse {where}: its clusters are not this run's, so the search chooses among its "
+                         "found mixture and this run's new clusters, not among search.candidates; unset one of them")
+
+
+def mode(ep: RunPaths, paths: RunPaths) -> str:
+    """"same": the earlier run's clusters are this run's (its evidence is checked by a confirmation round);
+    "virtual": they are not (its found mixture enters as one fixed component: climb/stages/search/virtual.py)."""
+    return "same" if _clustering(ep, paths) is None else "virtual"
+
+
+def earlier_search_key(cfg: RunConfig) -> str:
+    """The earlier search's own key (its manifest): what its clusters, token store and settings were
+    when it ran. A component read through its documents depends on them beside its found mixture;
+    `check` refuses an earlier search whose inputs changed since."""
+    m = read_json(earlier(cfg).manifest("search"))
+    return str(m.get("key", m.get("hash")))
 
 
 def _clustering(ep: RunPaths, paths: RunPaths) -> str | None:
@@ -155,11 +175,14 @@ def _clustering(ep: RunPaths, paths: RunPaths) -> str | None:
     return None
 
 
-def _tokenizer(ep: RunPaths, paths: RunPaths) -> str | None:
+def _tokenizer(ep: RunPaths, paths: RunPaths, refit: bool = False) -> str | None:
     from climb.io.digests import file_digest
     if file_digest(ep.tokenize.tokenizer) != file_digest(paths.tokenize.tokenizer):
+        # Clusters fitted again tokenise the corpus again, with a tokenizer trained again unless one is named.
+        hint = (f"; other clusters tokenise the corpus again: name its {ep.tokenize.tokenizer} in proxy.tokenizer"
+                if refit else "")
         return ("its proxies' tokenizer (tokenize/tokenizer.json) holds other tokens than this run's; reuse needs "
-                "the same tokenizer (proxy.tokenizer, proxy.vocab_size, proxy.tokenizer_docs)")
+                f"the same tokenizer (proxy.tokenizer, proxy.vocab_size, proxy.tokenizer_docs){hint}")
     return None
 
 
@@ -388,7 +411,7 @@ def confirm(cfg: RunConfig, paths: RunPaths, ex, space: dict, base: str = "") ->
     decision, why = decide(fit, noise, quality.get("swarm_sd"), noise_df)
     t = len(search_cfg.iterations)
     start = {"holds": t - 1, "drifted": max(0, t - 2), "fails": 0}[decision]
-    summary = {"earlier": search_cfg.reuse, "decision": decision, "why": why, **fit, "noise": noise,
+    summary = {"earlier": search_cfg.reuse, "mode": "same", "decision": decision, "why": why, **fit, "noise": noise,
                "paired_sd": quality.get("paired_sd"), "noise_df": noise_df,
                "residual_limit": residual_limit(noise, fit["n"], noise_df) if noise and fit["n"] > 1 else None,
                "confirmation_proxies": len(plan["mixtures"]),
@@ -411,6 +434,10 @@ def confirm(cfg: RunConfig, paths: RunPaths, ex, space: dict, base: str = "") ->
 
 def sentence(s: dict) -> str:
     """What reuse did, in one line (the log, the report)."""
+    if s.get("mode") == "virtual":
+        from climb.stages.search.virtual import sentence as across_clusters
+        return across_clusters(s)
+
     def f(v, spec=".4g"):
         return "n/a" if v is None else format(v, spec)
     figures = (f"{s['confirmation_proxies']} confirmation proxies repeating its measurements: Spearman "
