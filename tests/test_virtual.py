@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import FakeModel, vocab_docs, write_parquet_shards
+from test_reuse import _outputs  # a search folder's outputs, timings left out
 
 ITERATIONS = (8, 6, 4)
 NOISE = 0.01
@@ -334,20 +335,6 @@ def test_the_key_holds_the_earlier_search_the_component_is_read_from(runs, tmp_p
     m = json.loads(manifest.read_text())
     manifest.write_text(json.dumps({**m, "key": "other inputs"}))  # its clusters or token store were others
     assert key(replace(cfg, search=replace(cfg.search, reuse=str(moved))), paths) != here
-
-
-def _outputs(paths) -> dict:
-    def clean(o):
-        if isinstance(o, dict):
-            return {k: clean(v) for k, v in o.items() if k != "seconds"}
-        return [clean(v) for v in o] if isinstance(o, list) else o
-    out = {}
-    for f in sorted(paths.search.dir.iterdir()):
-        if f.is_file() and f.name not in ("manifest.json", "stage_state.json"):
-            text = f.read_text()
-            out[f.name] = ([clean(json.loads(x)) for x in text.splitlines()] if f.suffix == ".jsonl"
-                           else clean(json.loads(text)) if f.suffix == ".json" else text)
-    return out
 
 
 def test_a_killed_search_over_the_component_resumes_to_the_same_answer(runs, tmp_path):
