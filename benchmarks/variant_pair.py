@@ -83,7 +83,7 @@ def as_record(run) -> dict:
     return run if isinstance(run, dict) else record(Path(run))
 
 
-SEARCH_PURPOSES = ("search", "base", "merge", "replicates", "experts")
+SEARCH_PURPOSES = ("search", "base", "merge", "replicates", "experts", "finalists")
 
 
 def search_compute(paths) -> dict | None:

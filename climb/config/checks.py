@@ -115,7 +115,7 @@ def check_config(cfg: RunConfig) -> None:
               "executor.dask_threads_per_worker")
     _at_least(cfg, 0, "target.task_limit",
               "proxy.curve_points", "proxy.curve_evals", "proxy.timeout_s", "export.token_budget", "corpus.max_shards",
-              "search.final_top_k", "search.final_kl", "search.steadiness_boot", "export.weight_tolerance", "executor.dask_resource_grace_s")
+              "search.final_top_k", "search.final_kl", "search.steadiness_boot", "search.finalists", "export.weight_tolerance", "executor.dask_resource_grace_s")
     _check_model(cfg.proxy, "proxy")
     if not 0 <= cfg.search.min_weight < 1:
         raise ConfigError(f"search.min_weight is the least weight a cluster may get, in [0, 1) and at most "
@@ -123,6 +123,16 @@ def check_config(cfg: RunConfig) -> None:
     if not cfg.search.concentrations or not all(c > 0 for c in cfg.search.concentrations):
         raise ConfigError("search.concentrations must be a non-empty list of positive Dirichlet concentrations, "
                           f"e.g. [0.1, 0.3, 1.0]; got {list(cfg.search.concentrations)}")
+    if cfg.search.finalists and not 0 < cfg.search.finalists <= cfg.search.iterations[-1]:
+        raise ConfigError(f"search.finalists trains the last iteration's {cfg.search.iterations[-1]} proxies on that "
+                          f"many measured mixtures again, so it is 0 (off) or between 1 and "
+                          f"{cfg.search.iterations[-1]}; got {cfg.search.finalists}")
+    if cfg.search.finalists and (cfg.search.reuse or cfg.search.candidates):
+        raise ConfigError("search.finalists does not combine with search.reuse or search.candidates yet; "
+                          "set search.finalists = 0")
+    if cfg.search.finalists and len(cfg.search.iterations) < 2:
+        raise ConfigError("search.finalists needs an iteration before the last one to choose finalists from; "
+                          "set search.iterations to two or more iterations, or search.finalists = 0")
     if not 0 <= cfg.search.target_prior <= 1:
         raise ConfigError(f"search.target_prior is the share of the candidate pool drawn around the clusters the "
                           f"target reads like, in [0, 1]; got {cfg.search.target_prior}")

@@ -365,6 +365,11 @@ class SearchConfig:
     # How steady the pick is: the pick made again on this many bootstrap resamples of the
     # run's results (search/quality.json's `pick_sd`, climb/optimize/pick.py). 0: off.
     steadiness_boot: int = 16
+    # Finalists measured again: with N > 0 the last iteration trains no new mixture; its
+    # iterations[-1] proxies train the N measured mixtures the predictor rates best again, each on
+    # iterations[-1] // N further seeds shared by all of them, and the pick is the finalist whose
+    # mean over its seeds is best (climb/stages/search/finalists.py). 0: off.
+    finalists: int = 0
     seed: int = 0
     # Seeds for the final comparison proxies (eval_seed, eval_seed + 1, ...); the
     # search itself never uses them. Each compared mixture is trained eval_seeds times.
@@ -646,7 +651,7 @@ ADDED_FIELDS = {
     "EmbedConfig": ("tune_sample", "store_dtype", "student"),
     "ClusterConfig": ("refit",),
     "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens", "final_kl", "steadiness_boot", "target_prior",
-                     "bounds", "kl_max", "reuse"),
+                     "bounds", "kl_max", "reuse", "finalists"),
     "TargetConfig": ("lm_eval", "lm_eval_include", "contamination", "decontaminate", "weights", "goals"),
     "ExportConfig": ("format", "eod"),
 }

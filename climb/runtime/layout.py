@@ -110,6 +110,10 @@ class SearchOutputs:
         return self.dir / "replicates.json"
 
     @property
+    def finalists(self) -> Path:  # the last iteration's finalists, their seeds and records (search.finalists)
+        return self.dir / "finalists.json"
+
+    @property
     def one_shot(self) -> Path:
         return self.dir / "one_shot.json"
 

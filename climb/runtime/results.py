@@ -82,13 +82,14 @@ def proxy_records(paths) -> list[tuple[str, dict]]:
     (mixture id, seed). Read as they are, also while a stage is writing them."""
     out = [("search", r) for r in load(paths.search.results, warn=False)]
     for purpose, file in (("base", paths.search.base), ("merge", paths.search.merge),
-                          ("experts", paths.search.experts), ("replicate", paths.search.replicates),
+                          ("experts", paths.search.experts), ("replicate", paths.search.replicates), ("finalists", paths.search.finalists),
                           ("one-shot", paths.search.one_shot), ("comparison", paths.search.comparison)):
         try:
             data = json.loads(Path(file).read_text())
         except (OSError, ValueError):
             continue
         if isinstance(data, dict):
+            data = data.get("records", data) if purpose == "finalists" else data
             out += [(purpose, r) for r in data.values() if isinstance(r, dict) and "mixture_id" in r]
     return out + [("validation", r) for r in load(paths.validate.results, warn=False)]
 

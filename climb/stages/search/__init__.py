@@ -11,8 +11,9 @@ report and the export's card), `sources` (each source's share of each cluster, a
 mixture by source), `repick` (`climb repick`: a finished search picked again under another
 objective, under `search/repicks/`), `reuse` (`search.reuse`: an earlier run's evidence, checked by a
 confirmation round on this corpus first), `virtual` (`search.reuse` across other clusters: the earlier
-found mixture as one fixed component, the search over it and the new clusters); the pick itself is
-climb/optimize/pick.py.
+found mixture as one fixed component, the search over it and the new clusters), `finalists`
+(`search.finalists`: the last iteration spent measuring the best few mixtures again, paired); the pick
+itself is climb/optimize/pick.py.
 
 Proxies train on the tokenize stage's per-cluster token store.
 
@@ -64,7 +65,7 @@ from climb.stages.search.common import (append, source_bounds, candidate_pool, f
                                         ok_sorted, pool_size, proxy_task, read_results, run_proxies, search_bounds)
 from climb.stages.search.compare import compare, comparison_table, one_shot, replicates
 from climb.stages.search.reuse import CONFIRMATION, confirm, evidence_key
-from climb.stages.search import reuse, virtual
+from climb.stages.search import finalists, reuse, virtual
 from climb.stages.search.sources import by_source, write_source_shares
 from climb.stages.tokenize import cluster_tokens
 
@@ -174,7 +175,12 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         results = read_results(paths)
         done |= {r["mixture_id"] for r in results if not results_log.retry(r, search_cfg.retry_failed)}
     reps: dict = {}
+    fin = None
     for it in range(reused["start"], len(search_cfg.iterations)):
+        if search_cfg.finalists and it == len(search_cfg.iterations) - 1:
+            # The last iteration measures the best few mixtures again, paired, instead of new ones.
+            fin = finalists.run(cfg, paths, ex, results, reused["plan_prior"], space.get("bounds"), base)
+            continue
         plan = plan_iteration(cfg, paths, it, space,
                               reused["evidence"] + [r for r in results if r["iteration"] < it], reused["plan_prior"],
                               pool=reused.get("pool"))
@@ -221,6 +227,14 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         final = final_mixture(cfg, space, results, prior=reused["pick_prior"],
                               pool=reused["pool"](pool_size(cfg), search_cfg.seed + 99_991)
                               if "pool" in reused else None)
+    if fin is not None:
+        best, rows = finalists.pick(cfg, fin)
+        w = np.where(space["usable"], best["weights"], 0.0)
+        final = {**final, "weights": (w / w.sum()).tolist(),
+                 "predicted": finalists.predicted(cfg, results, w / w.sum(), reused["pick_prior"]),
+                 "finalists": [{k: r[k] for k in ("mixture_id", "values", "mean")} for r in rows]}
+        log.info("finalists: %s; the pick is %s", ", ".join(f"{r['mixture_id']} {r['mean']:.4f} over "
+                                                           f"{len(r['values'])} seeds" for r in rows), best["mixture_id"])
     if "component" in reused:
         reused["summary"] = virtual.finish(paths, reused["summary"], results)
     record_merge_scoring(paths, prior, search_cfg.seed)

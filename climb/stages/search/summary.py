@@ -9,7 +9,7 @@ from climb.runtime.layout import RunPaths
 
 
 # The compute account's names for the purposes climb.runtime.results.proxy_records gives, in its order.
-_PURPOSES = {"search": "search", "base": "base", "merge": "merge", "experts": "experts", "replicate": "replicates",
+_PURPOSES = {"search": "search", "base": "base", "merge": "merge", "experts": "experts", "replicate": "replicates", "finalists": "finalists",
              "comparison": "comparison", "one-shot": "one-shot", "validation": "validate"}
 
 
