@@ -51,6 +51,9 @@ ARMS = {
     # The wide first round still missed the tech clusters on a seed: half of the pool (so half of
     # the first round) drawn around the clusters the target's documents read like.
     "target": DEFAULT_SETS + ["search.target_prior=0.5"],
+    # The target arm's search with its last iteration spent on two finalists, each trained on two
+    # further shared seeds, the pick the finalist with the best mean.
+    "target-final": DEFAULT_SETS + ["search.target_prior=0.5", "search.finalists=2"],
     # The target arm's search with the measured near-best averaged as its final pick.
     "target-mean4": DEFAULT_SETS + ["search.target_prior=0.5", 'search.final="measured-predicted"',
                                     "search.final_top_k=4"],
