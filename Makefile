@@ -15,7 +15,7 @@ export HF_HOME ?= $(CURDIR)/.cache/huggingface
 
 # `make validate`: the larger model on the found mixture, the baselines and search mixtures
 # (the validate stage; the report gains its "Does it transfer?" section).
-.PHONY: install install-gpu demo run validate embed cluster tokenize search export report test bench bench-procs bench-e2e bench-scale clean
+.PHONY: install install-gpu demo run validate embed cluster tokenize search export report test bench bench-procs bench-e2e bench-scale bench-steering clean
 
 install: $(STAMP)
 
@@ -70,6 +70,13 @@ bench-e2e: $(STAMP)
 		--run runs/e2e-bench2 --set corpus.max_shards=2
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/end_to_end.py --fresh --name bench_8_shards --config pipelines/bench.toml \
 		--run runs/e2e-bench8 --set corpus.max_shards=8 --set 'corpus.id_column=""'
+
+# Steering measured: the demo with its code source pinned at 10 % against the same search
+# unpinned (about 20 minutes a seed on 2 cores), and the bench's tasks re-picked one by one
+# from one finished search (about an hour).
+bench-steering: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/steering.py pin --seeds 0 1 --json benchmarks/results/steering_pin.json
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/steering.py tasks --json benchmarks/results/steering_tasks.json
 
 # The whole pipeline at 100k, 300k and 1M documents (benchmarks/scale.py; about 25 minutes on
 # 2 cores): builds runs/scale-corpus from ../shared/data first, then results/scale.json.
