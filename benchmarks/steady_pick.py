@@ -98,6 +98,8 @@ def record(run: Path, known_answer: bool) -> dict:
     rec["swarm"] = [{k: r.get(k) for k in ("mixture_id", "iteration", "seed", "weights", "objective", "status",
                                            "metrics")}
                     for r in results_log.load(paths.search.results)]
+    if paths.search.finalists.exists():  # search.finalists: the finalists, their seeds and records
+        rec["finalists"] = json.loads(paths.search.finalists.read_text())
     if known_answer:
         from benchmarks.demo_answer import analyse
         a = analyse(run)
@@ -220,6 +222,10 @@ def figure(preset: str, seeds: list[int], arm: str, out: str | None) -> dict:
             continue
         rec, cfg, space = got
         pick = final_mixture(cfg, space, rec["swarm"])
+        if cfg.search.finalists:  # the steadiness figures are the predictor's; the pick is the finalists'
+            from climb.stages.search.finalists import pick as finalist
+            best = np.asarray(finalist(cfg, rec["finalists"])[0]["weights"], float)
+            pick["weights"] = (best / best.sum()).tolist()
         if not np.allclose(pick["weights"], rec["mixtures"]["weights"], atol=1e-6):
             raise SystemExit(f"seed {s}: the replayed pick is not the recorded one; the record's search differs")
         st = pick["steadiness"]
