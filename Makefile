@@ -77,6 +77,7 @@ bench-e2e: $(STAMP)
 bench-steering: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/steering.py pin --seeds 0 1 --json benchmarks/results/steering_pin.json
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/steering.py tasks --json benchmarks/results/steering_tasks.json
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/steering.py more-seeds --json benchmarks/results/steering_tasks.json
 
 # The whole pipeline at 100k, 300k and 1M documents (benchmarks/scale.py; about 25 minutes on
 # 2 cores): builds runs/scale-corpus from ../shared/data first, then results/scale.json.
