@@ -124,6 +124,23 @@ def vocab_docs(n_per_vocab: int, seed: int = 0, vocabs: dict | None = None) -> l
     return [docs[i] for i in order]
 
 
+def lookup_search_sets(root, corpus_paths: list, iterations, *extra: str) -> list[str]:
+    """Config overrides for a toy run whose proxies are a stand-in for `proxy.lookup` (the test
+    replaces the look-up): four clusters, tiny proxies, a one-line target, a search with two
+    replicates and three comparison seeds. Writes the target and the look-up table preflight wants."""
+    import json
+    (root / "target.jsonl").write_text(json.dumps({"text": "held-out words"}) + "\n")
+    (root / "table.csv").write_text("index,loss\n0,1.0\n")  # the stand-in never reads it; preflight does
+    paths = ", ".join(f'"{p}"' for p in corpus_paths)
+    return [f"corpus.paths=[{paths}]", "cluster.k=4", "cluster.niter=10",
+            "proxy.vocab_size=320", "proxy.seq_len=16", "proxy.tokenizer_docs=100",
+            f'proxy.lookup="{root}/table.csv"', f'proxy.lookup_weights="{root}/table.csv"',
+            'target.objective=["loss"]', f'target.texts=["{root}/target.jsonl"]', "target.contamination=0",
+            f"search.iterations={list(iterations)}", "search.pool_size=2000", "search.min_weight=0.0",
+            "search.epoch_cap=100.0", "search.steadiness_boot=0", "search.replicates=2",
+            "search.replicate_seeds=2", "search.eval_seeds=3", "export.token_budget=3000", *extra]
+
+
 def write_parquet_shards(folder, docs: list[dict], shards: int, extra: tuple[str, ...] = ()) -> list:
     """Write docs round-robin into `part-XXXXX.parquet` files; returns the paths."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from conftest import FakeModel, vocab_docs, write_parquet_shards
+from conftest import FakeModel, lookup_search_sets, vocab_docs, write_parquet_shards
 
 CENTRE = np.array([0.45, 0.3, 0.15, 0.1])
 ITERATIONS = (8, 6, 4)
@@ -37,16 +37,8 @@ def base(tmp_path_factory):
     from climb.stages import cluster, embed, tokenize
     root = tmp_path_factory.mktemp("finalists")
     write_parquet_shards(root / "corpus", vocab_docs(40), 2)
-    (root / "target.jsonl").write_text(json.dumps({"text": "held-out words"}) + "\n")
-    (root / "table.csv").write_text("index,loss\n0,1.0\n")  # the stand-in never reads it; preflight does
-    cfg = load_config(None, [
-        f'corpus.paths=["{root}/corpus/*.parquet"]', "cluster.k=4", "cluster.niter=10",
-        "proxy.vocab_size=320", "proxy.seq_len=16", "proxy.tokenizer_docs=100",
-        f'proxy.lookup="{root}/table.csv"', f'proxy.lookup_weights="{root}/table.csv"',
-        'target.objective=["loss"]', f'target.texts=["{root}/target.jsonl"]', "target.contamination=0",
-        f"search.iterations={list(ITERATIONS)}", "search.pool_size=2000", "search.min_weight=0.0",
-        "search.epoch_cap=100.0", "search.steadiness_boot=0", "search.replicates=2",
-        "search.replicate_seeds=2", "search.eval_seeds=3", "search.finalists=2", "export.token_budget=3000"])
+    cfg = load_config(None, lookup_search_sets(root, [f"{root}/corpus/*.parquet"], ITERATIONS,
+                                               "search.finalists=2"))
     paths = RunPaths(root / "run")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(climb.stages.embed, "load_model", lambda c: FakeModel())

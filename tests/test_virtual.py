@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import FakeModel, vocab_docs, write_parquet_shards
+from conftest import FakeModel, lookup_search_sets, vocab_docs, write_parquet_shards
 from test_reuse import _outputs  # a search folder's outputs, timings left out
 
 ITERATIONS = (8, 6, 4)
@@ -91,16 +91,7 @@ def runs(tmp_path_factory):
     space = root / "corpus" / "space.parquet"
     docs = vocab_docs(30, seed=1, vocabs=SPACE)
     pq.write_table(pa.table({"id": [d["id"] for d in docs], "text": [d["text"] for d in docs]}), space)
-    (root / "target.jsonl").write_text(json.dumps({"text": "held-out words"}) + "\n")
-    (root / "table.csv").write_text("index,loss\n0,1.0\n")  # the stand-in never reads it; preflight does
-    cfg = load_config(None, [
-        f'corpus.paths=["{shards[0]}", "{shards[1]}", "{space}"]', "cluster.k=4", "cluster.niter=10",
-        "proxy.vocab_size=320", "proxy.seq_len=16", "proxy.tokenizer_docs=100",
-        f'proxy.lookup="{root}/table.csv"', f'proxy.lookup_weights="{root}/table.csv"',
-        'target.objective=["loss"]', f'target.texts=["{root}/target.jsonl"]', "target.contamination=0",
-        f"search.iterations={list(ITERATIONS)}", "search.pool_size=2000", "search.min_weight=0.0",
-        "search.epoch_cap=100.0", "search.steadiness_boot=0", "search.replicates=2",
-        "search.replicate_seeds=2", "search.eval_seeds=3", "export.token_budget=3000"])
+    cfg = load_config(None, lookup_search_sets(root, [shards[0], shards[1], space], ITERATIONS))
     v1 = RunPaths(root / "v1")
     WORLD.update(centre=np.array([0.45, 0.3, 0.15, 0.1]), version="v1")
     _stages(cfg, v1)
@@ -212,7 +203,7 @@ def test_a_removed_shard_renormalises_the_component_and_trains_no_search_proxy(r
     from climb.optimize.bounds import satisfied
     from climb.stages.search.common import run_space
     from climb.stages.search.reuse import sentence
-    (cfg1, v1), (cfg2, v2) = runs["v1"], runs["v2"]
+    (_, v1), (cfg2, v2) = runs["v1"], runs["v2"]
     stats = runs["v2_stats"]
     assert stats["reuse"] == {"mode": "virtual", "new_clusters": [], "proxies": 0}
     assert _records(v2) == [] and not list(v2.search.dir.glob("plan_*.json"))
