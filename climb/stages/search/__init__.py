@@ -169,7 +169,7 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     # across other clusters, the earlier found mixture is one fixed component of a smaller search.
     reused = {"start": 0, "evidence": [], "plan_prior": prior, "pick_prior": prior, "summary": None}
     if search_cfg.reuse and reuse.mode(reuse.earlier(cfg), paths) == "virtual":
-        reused = virtual.prepare(cfg, paths, space)
+        reused = virtual.prepare(cfg, paths, space, reuse.earlier(cfg))
     elif search_cfg.reuse:
         reused = confirm(cfg, paths, ex, space, base)
         results = read_results(paths)

@@ -216,16 +216,15 @@ def toward(W, v, b, steps: int = 48) -> np.ndarray:
 
 
 # ----------------------------------------------------------------- the search's side
-def prepare(cfg: RunConfig, paths: RunPaths, space: dict) -> dict:
+def prepare(cfg: RunConfig, paths: RunPaths, space: dict, ep: RunPaths) -> dict:
     """The component (saved in search/reuse_plan.json before any proxy trains: a resumed search
     reads it), what the search runs, and the summary (search/reuse.json, logged in one line).
 
     Returns what climb.stages.search expects of a reuse (`start`, `evidence`, `plan_prior`,
     `pick_prior`, `summary`) and `pool(n, seed)` (the component pool), `component` (v) and
-    `first` (the iteration whose draws are the swarm and are replicated)."""
-    from climb.stages.search.reuse import earlier
+    `first` (the iteration whose draws are the swarm and are replicated). `ep`: the earlier run
+    (climb.stages.search.reuse.earlier)."""
     search_cfg = cfg.search
-    ep = earlier(cfg)
     if paths.search.reuse_plan.exists():
         plan = read_json(paths.search.reuse_plan)
     else:
