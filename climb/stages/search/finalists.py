@@ -34,12 +34,24 @@ def seeds(cfg: RunConfig) -> list[int]:
     return [s.seed + 1 + s.replicate_seeds + j for j in range(s.iterations[-1] // s.finalists)]
 
 
-def choose(cfg: RunConfig, results: list[dict], prior=None, bounds=None) -> list[dict]:
-    """The N distinct measured mixtures (trained to the end) the predictor rates best, ties by id."""
+def _finished(results: list[dict]) -> list[dict]:
+    """The successful proxies trained to the end (a proxy stopped at a rung holds a prediction)."""
+    return [r for r in ok_sorted(results) if "stopped" not in r]
+
+
+def _model(cfg: RunConfig, recs: list[dict], prior=None):
+    """The search's predictor fitted on `recs`, as the last iteration's would be."""
     from dataclasses import replace
 
-    from climb.optimize.strategy import _fit, _holding, from_search_config
-    ok = [r for r in ok_sorted(results) if "stopped" not in r]
+    from climb.optimize.strategy import _fit, from_search_config
+    X, y = np.array([r["weights"] for r in recs]), np.array([r["objective"] for r in recs])
+    return _fit(replace(from_search_config(cfg.search), prior=prior), X, y, cfg.search.seed)
+
+
+def choose(cfg: RunConfig, results: list[dict], prior=None, bounds=None) -> list[dict]:
+    """The N distinct measured mixtures (trained to the end) the predictor rates best, ties by id."""
+    from climb.optimize.strategy import _holding
+    ok = _finished(results)
     first: dict[str, dict] = {}
     for r in ok:
         first.setdefault(r["mixture_id"], r)
@@ -50,7 +62,7 @@ def choose(cfg: RunConfig, results: list[dict], prior=None, bounds=None) -> list
         keep = _holding(X, y, X, bounds)[0]
         recs = [r for r in recs if any(np.array_equal(r["weights"], k) for k in keep)]
         X, y = np.array([r["weights"] for r in recs]), np.array([r["objective"] for r in recs])
-    model = _fit(replace(from_search_config(cfg.search), prior=prior), X, y, cfg.search.seed)
+    model = _model(cfg, recs, prior)
     order = np.lexsort(([r["mixture_id"] for r in recs], goal_sign(cfg.target.goal) * model.predict(X)))
     return [{"mixture_id": recs[i]["mixture_id"], "weights": recs[i]["weights"], "objective": recs[i]["objective"]}
             for i in order[: cfg.search.finalists]]
@@ -95,12 +107,7 @@ def table(cfg: RunConfig, state: dict) -> list[dict]:
 
 def predicted(cfg: RunConfig, results: list[dict], w, prior=None) -> float:
     """The predictor's value at the pick (fitted on every mixture the search measured)."""
-    from dataclasses import replace
-
-    from climb.optimize.strategy import _fit, from_search_config
-    ok = [r for r in ok_sorted(results) if "stopped" not in r]
-    X, y = np.array([r["weights"] for r in ok]), np.array([r["objective"] for r in ok])
-    model = _fit(replace(from_search_config(cfg.search), prior=prior), X, y, cfg.search.seed)
+    model = _model(cfg, _finished(results), prior)
     return float(model.predict(np.asarray(w, float)[None])[0])
 
 
