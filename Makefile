@@ -15,7 +15,7 @@ export HF_HOME ?= $(CURDIR)/.cache/huggingface
 
 # `make validate`: the larger model on the found mixture, the baselines and search mixtures
 # (the validate stage; the report gains its "Does it transfer?" section).
-.PHONY: install install-gpu demo run validate embed cluster tokenize search export report test bench bench-procs bench-e2e bench-scale bench-steering clean
+.PHONY: install install-gpu demo run validate embed cluster tokenize search export report test bench bench-procs bench-e2e bench-scale bench-steering bench-updates clean
 
 install: $(STAMP)
 
@@ -78,6 +78,13 @@ bench-steering: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/steering.py pin --seeds 0 1 --json benchmarks/results/steering_pin.json
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/steering.py tasks --json benchmarks/results/steering_tasks.json
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/steering.py more-seeds --json benchmarks/results/steering_tasks.json
+
+# Corpus updates measured: five versions of the demo corpus, a search reused from the earlier
+# run against a full search on each update, three search seeds (several hours on 2 cores;
+# run folders runs/g52/ resume where they stopped).
+bench-updates: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/corpus_updates.py train --seeds 0 1 2
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/corpus_updates.py judge --seeds 0 1 2 --json benchmarks/results/corpus_updates.json
 
 # The whole pipeline at 100k, 300k and 1M documents (benchmarks/scale.py; about 25 minutes on
 # 2 cores): builds runs/scale-corpus from ../shared/data first, then results/scale.json.

@@ -159,6 +159,12 @@ def test_an_unchanged_corpus_holds_and_trains_the_confirmation_and_the_last_iter
     assert q["reuse"]["decision"] == "holds" and q["reuse"]["noise"] > 0
     assert q["swarm_sd"] is None  # a chosen round is no swarm
     assert "search.reuse" in quality_lines(q) and "holds" in quality_lines(q)
+    # The earlier run's replicate seeds stand for this run's: no proxy beyond the round, the last
+    # iteration and the comparison trained, and the noise figures are read from the earlier replicates.
+    eq = json.loads((earlier[1] / "search" / "quality.json").read_text())
+    assert rep["replicates_inherited"] and q["replicates"] == eq["replicates"] and eq["replicates"]
+    assert stats["replicate_proxies"] == 0 and not paths.search.replicates.exists()
+    assert WORLD["calls"] == len(recs) + stats["comparison_proxies"]
 
 
 def test_a_shifted_landscape_still_holds_with_the_bias_measured(earlier, tmp_path):
@@ -192,6 +198,8 @@ def test_a_reversed_landscape_falls_back_to_the_full_search(earlier, tmp_path, c
         stats = search.run(cfg, paths)
     assert stats["reuse"]["decision"] == "fails"
     assert len(_records(paths)) == ITERATIONS[-1] + sum(ITERATIONS)  # the confirmation, then all of it
+    # Evidence that fails vouches for nothing: the replicate seeds train again.
+    assert stats["replicate_proxies"] > 0 and not json.loads(paths.search.reuse.read_text())["replicates_inherited"]
     assert any("search.reuse" in r.message and "fails" in r.message for r in caplog.records
                if r.levelname == "WARNING")
     q = json.loads(paths.search.quality.read_text())
@@ -258,6 +266,38 @@ def test_other_clusters_are_not_refused_the_earlier_mixture_enters_as_one_compon
     assert _records(paths) == [] and WORLD["calls"] == stats["comparison_proxies"]
     plan = json.loads(paths.search.reuse_plan.read_text())
     assert plan["mode"] == "virtual" and "mixtures" not in plan and plan["matched_docs"] == 120
+
+
+def test_a_shard_removed_under_the_same_clusters_trains_no_search_proxy(earlier, tmp_path):
+    """The corpus less a shard, the clusters kept: nothing was added that a proxy could measure, so
+    the earlier found mixture, read over what is left, is the pick (the component path, no new cluster)."""
+    from dataclasses import replace
+
+    import climb.stages.embed
+    from climb.stages import cluster, embed, search, tokenize
+    from climb.stages.search.reuse import mode, removed_only
+    from climb.runtime.layout import RunPaths
+    cfg, paths = _next(earlier, tmp_path)
+    first = sorted((earlier[1].parent / "corpus").glob("*.parquet"))[0]
+    cfg = replace(cfg, corpus=replace(cfg.corpus, paths=[str(first)]))
+    assert not removed_only(RunPaths(earlier[1]), paths)  # before the update: the same corpus
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(climb.stages.embed, "load_model", lambda c: FakeModel())
+        for stage in (embed, cluster, tokenize):
+            stage.run(cfg, paths)
+    ep = RunPaths(earlier[1])
+    assert paths.shards() == ep.shards()[:1] and removed_only(ep, paths) and mode(ep, paths) == "virtual"
+    assert not removed_only(paths, ep)  # the other way round, a shard was added
+    stats = search.run(cfg, paths)
+    assert stats["reuse"] == {"mode": "virtual", "new_clusters": [], "proxies": 0}
+    assert _records(paths) == [] and WORLD["calls"] == stats["comparison_proxies"]
+    rep = json.loads(paths.search.reuse.read_text())
+    assert rep["removed_only"] and 0 < rep["removed_share"] < 1 and rep["lost_clusters"] == []
+    assert "only lost documents" in search.reuse.sentence(rep)
+    # Every cluster kept documents, so each keeps its weight (inside this run's caps).
+    mix = json.loads(paths.search.mixture.read_text())
+    old = json.loads((earlier[1] / "search" / "mixture.json").read_text())["weights"]
+    assert mix["component"] and mix["weights"] == pytest.approx(old, abs=1e-6)
 
 
 def test_a_run_without_a_finished_search_or_its_own_folder_is_refused(earlier, tmp_path):

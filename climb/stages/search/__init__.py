@@ -169,7 +169,8 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     # across other clusters, the earlier found mixture is one fixed component of a smaller search.
     reused = {"start": 0, "evidence": [], "plan_prior": prior, "pick_prior": prior, "summary": None}
     if search_cfg.reuse and reuse.mode(reuse.earlier(cfg), paths) == "virtual":
-        reused = virtual.prepare(cfg, paths, space, reuse.earlier(cfg))
+        ep = reuse.earlier(cfg)
+        reused = virtual.prepare(cfg, paths, space, ep, removed=reuse.removed_only(ep, paths))
     elif search_cfg.reuse:
         reused = confirm(cfg, paths, ex, space, base)
         results = read_results(paths)
@@ -198,7 +199,9 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         results_log.require_successes(results, 1)
         _write_swarm_csv(paths, results)
         if it == reused["start"]:
-            reps = replicates(cfg, paths, ex, results, base, iteration=reused.get("first", 0))
+            # A reuse whose evidence held (or drifted) takes the earlier run's replicate seeds instead.
+            reps = reused.get("replicates") or replicates(cfg, paths, ex, results, base,
+                                                          iteration=reused.get("first", 0))
             q = _quality(cfg, results, reps, {}, [], first=reused.get("first", 0))
             log.info("noise after iteration 1: seed sd %s, paired sd %s, swarm sd %s, signal-to-noise %s",
                      *(_fmt(q[k]) for k in ("seed_sd", "paired_sd", "swarm_sd", "snr")))
@@ -279,7 +282,8 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
              "quality": {k: quality[k] for k in ("seed_sd", "paired_sd", "swarm_sd", "snr",
                                                  "predictor_oof_spearman")},
              "clusters": len(space["natural"]), "final_predicted": final["predicted"],
-             "replicate_proxies": sum(len(v) - 1 for v in reps.values()),  # less the search's own run
+             # less the search's own run; none where a reuse took the earlier run's
+             "replicate_proxies": 0 if reused.get("replicates") else sum(len(v) - 1 for v in reps.values()),
              "comparison_proxies": sum(len(v) for v in runs.values()),
              "stopped_proxies": sum("stopped" in r for r in results),
              "expert_proxies": len(read_json(paths.search.experts)) if paths.search.experts.exists() else 0,

@@ -31,6 +31,11 @@ run's folder, its finished search (`search/results.jsonl`, `quality.json`, `mixt
    flattened landscape is discounted by the data) and the search runs its last two iterations;
    fails: the normal full search, the earlier records unused.
 
+Where the evidence holds or drifted, the earlier run's replicate seeds stand for this run's (the
+same proxies, and a landscape the round found within their noise): none train again; where it
+fails, they do. A corpus that only lost documents (a shard removed, the clusters kept: `removed_only`)
+has nothing new a proxy could measure, and goes the component way with no search proxy.
+
 The final pick is made over this run's measured mixtures alone, by the run's rule (with the
 earlier predictor as a feature where it held or drifted): an earlier measurement is never a
 measurement of the new corpus. What happened goes to `search/reuse.json`, quality.json's
@@ -146,9 +151,28 @@ def check(cfg: RunConfig, paths: RunPaths, key) -> None:
 
 
 def mode(ep: RunPaths, paths: RunPaths) -> str:
-    """"same": the earlier run's clusters are this run's (its evidence is checked by a confirmation round);
-    "virtual": they are not (its found mixture enters as one fixed component: climb/stages/search/virtual.py)."""
-    return "same" if _clustering(ep, paths) is None else "virtual"
+    """"same": the earlier run's clusters are this run's and the corpus gained documents (its evidence
+    is checked by a confirmation round); "virtual": the clusters are not the same, or the corpus only
+    lost documents (its found mixture enters as one fixed component, climb/stages/search/virtual.py;
+    with nothing new to choose, no search proxy trains and the pick is that component)."""
+    return "same" if _clustering(ep, paths) is None and not removed_only(ep, paths) else "virtual"
+
+
+def removed_only(ep: RunPaths, paths: RunPaths) -> bool:
+    """Whether this run's corpus is the earlier run's less some documents: every shard here is a
+    shard there, holding none of whose documents the earlier one did not (ids in the token stores'
+    assignments), and something is gone. Nothing was added that a proxy could measure."""
+    from climb.stages.search.virtual import _ids
+    here, there = paths.shards(), set(ep.shards())
+    if not here or not set(here) <= there:
+        return False
+    fewer = len(here) < len(there)
+    for shard in here:
+        ids, old = set(_ids(paths, shard).tolist()), set(_ids(ep, shard).tolist())
+        if not ids <= old:
+            return False
+        fewer = fewer or len(ids) < len(old)
+    return fewer
 
 
 def earlier_search_key(cfg: RunConfig) -> str:
@@ -415,6 +439,7 @@ def confirm(cfg: RunConfig, paths: RunPaths, ex, space: dict, base: str = "") ->
                "paired_sd": quality.get("paired_sd"), "noise_df": noise_df,
                "residual_limit": residual_limit(noise, fit["n"], noise_df) if noise and fit["n"] > 1 else None,
                "confirmation_proxies": len(plan["mixtures"]),
+               "replicates_inherited": bool(decision != "fails" and quality.get("replicates")),
                "earlier_proxies": len(old), "iterations_run": list(range(start + 1, t + 1)),
                "thresholds": {"residual_alpha": HOLD_RESIDUAL_ALPHA, "spearman": HOLD_SPEARMAN,
                               "bias_spread": HOLD_BIAS_SPREAD, "drift_spearman": DRIFT_SPEARMAN}}
@@ -428,8 +453,12 @@ def confirm(cfg: RunConfig, paths: RunPaths, ex, space: dict, base: str = "") ->
     if decision == "holds":
         evidence = [{"mixture_id": f"earlier:{r['mixture_id']}", "iteration": -1, "status": "ok",
                      "weights": r["weights"], "objective": r["objective"] + fit["bias"]} for r in old]
+    # Seed noise is the proxies' (the same [proxy], tokenizer and target, which `check` holds to), and the
+    # round just found the earlier landscape within it: where the evidence holds or drifted, the earlier
+    # run's replicate seeds stand for this run's, and none train again. Where it fails they do.
+    inherited = quality.get("replicates") if decision != "fails" else None
     return {"start": start, "evidence": evidence, "plan_prior": feature if decision == "drifted" else None,
-            "pick_prior": feature, "summary": summary}
+            "pick_prior": feature, "summary": summary, "replicates": inherited or None}
 
 
 def sentence(s: dict) -> str:
@@ -448,4 +477,5 @@ def sentence(s: dict) -> str:
             "drifted": f"it drifted ({s['why']}): its predictor entered as a discounted feature and the search ran "
                        f"iterations {', '.join(map(str, its))}",
             "fails": f"it fails ({s['why']}): the search ran in full, the earlier records unused"}[s["decision"]]
-    return f"search.reuse {s['earlier']}: {figures}; {then}"
+    reps = "; its replicate seeds stand for this run's" if s.get("replicates_inherited") else ""
+    return f"search.reuse {s['earlier']}: {figures}; {then}{reps}"

@@ -216,14 +216,15 @@ def toward(W, v, b, steps: int = 48) -> np.ndarray:
 
 
 # ----------------------------------------------------------------- the search's side
-def prepare(cfg: RunConfig, paths: RunPaths, space: dict, ep: RunPaths) -> dict:
+def prepare(cfg: RunConfig, paths: RunPaths, space: dict, ep: RunPaths, removed: bool = False) -> dict:
     """The component (saved in search/reuse_plan.json before any proxy trains: a resumed search
     reads it), what the search runs, and the summary (search/reuse.json, logged in one line).
 
     Returns what climb.stages.search expects of a reuse (`start`, `evidence`, `plan_prior`,
     `pick_prior`, `summary`) and `pool(n, seed)` (the component pool), `component` (v) and
     `first` (the iteration whose draws are the swarm and are replicated). `ep`: the earlier run
-    (climb.stages.search.reuse.earlier)."""
+    (climb.stages.search.reuse.earlier). `removed`: this corpus is the earlier one less some documents
+    (climb.stages.search.reuse.removed_only), the reason a reuse under the same clusters comes here."""
     search_cfg = cfg.search
     if paths.search.reuse_plan.exists():
         plan = read_json(paths.search.reuse_plan)
@@ -240,6 +241,7 @@ def prepare(cfg: RunConfig, paths: RunPaths, space: dict, ep: RunPaths) -> dict:
     summary = {"earlier": search_cfg.reuse, "mode": VIRTUAL,
                **{key: plan[key] for key in ("earlier_clusters", "clusters", "new_clusters", "removed_share",
                                              "lost_clusters", "matched_docs")},
+               "removed_only": bool(removed),
                "component": plan["weights"], "iterations_run": list(range(start + 1, t + 1)),
                "proxies": int(sum(search_cfg.iterations[start:]))}
     write_json(paths.search.reuse, summary)
@@ -269,7 +271,9 @@ def sentence(s: dict) -> str:
     """What a reuse across other clusters did, in one line (the log, the report)."""
     new, its = s["new_clusters"], s["iterations_run"]
     lost = f", its clusters {s['lost_clusters']} wholly gone" if s.get("lost_clusters") else ""
-    head = (f"search.reuse {s['earlier']}: other clusters ({s['earlier_clusters']} then, {s['clusters']} now), so its "
+    why = ("the corpus only lost documents since" if s.get("removed_only") else
+           f"other clusters ({s['earlier_clusters']} then, {s['clusters']} now)")
+    head = (f"search.reuse {s['earlier']}: {why}, so its "
             f"found mixture entered as one fixed component over this run's clusters, read through "
             f"{s['matched_docs']:,} documents both hold ({s['removed_share']:.1%} of it lay on documents gone{lost}, "
             "the rest renormalised)")
