@@ -206,6 +206,60 @@ def test_a_reversed_landscape_falls_back_to_the_full_search(earlier, tmp_path, c
     assert q["reuse"]["spearman"] < 0
 
 
+def test_an_added_shard_that_moves_the_best_mixture_is_caught_and_searched_again(earlier, tmp_path, monkeypatch):
+    """Planted drift through the data itself: the stand-in proxy scores a mixture by where the token
+    store's clusters lie, and a shard added to one cluster makes that cluster the one to draw from.
+    The confirmation round must see the earlier landscape moved and spend more than it would have."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    import climb.runtime.proxy_runs
+    import climb.stages.embed
+    from climb.runtime.layout import RunPaths
+    from climb.stages import cluster, embed, search, tokenize
+    from climb.stages.tokenize import cluster_tokens
+    from conftest import VOCABS
+    before = cluster_tokens(RunPaths(earlier[1])).astype(float)
+
+    def data_bowl(task):
+        """The earlier bowl on the earlier store; on a store where a cluster grew by more than half,
+        a bowl centred near that cluster (its new documents are what the target wants)."""
+        WORLD["calls"] += 1
+        now = cluster_tokens(RunPaths(Path(task.run_dir))).astype(float)
+        grew = (now - before) / np.maximum(before, 1.0)
+        centre = CENTRE.copy()
+        if grew.max() > 0.5:
+            centre = 0.1 * CENTRE + 0.9 * np.eye(len(CENTRE))[int(np.argmax(grew))]
+        w = np.asarray(task.weights, float)
+        rng = np.random.default_rng([int(task.seed), zlib.crc32(np.round(w, 6).tobytes())])
+        return {"loss": 1.0 + 0.5 * float(((w - centre) ** 2).sum()) + float(rng.normal(0, NOISE))}, 0
+    cfg, paths = _next(earlier, tmp_path)
+    folder = earlier[1].parent / "corpus"
+    added = tmp_path / "added"
+    # One vocabulary alone, three times as many documents as it had: the cluster it lands in grows.
+    shard = write_parquet_shards(added, [dict(d, id=f"new-{d['id']}") for d in
+                                         vocab_docs(120, seed=7, vocabs={"sea": VOCABS["sea"]})], 1)[0]
+    shard = shard.rename(added / "sea-added.parquet")
+    cfg = replace(cfg, corpus=replace(cfg.corpus, paths=[f"{folder}/*.parquet", str(shard)]))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(climb.stages.embed, "load_model", lambda c: FakeModel())
+        for stage in (embed, cluster, tokenize):
+            stage.run(cfg, paths)
+    grew = (cluster_tokens(paths) - before) / before
+    assert grew.max() > 0.5 and np.sort(grew)[-2] < 0.5  # the shard went to one cluster
+    monkeypatch.setattr(climb.runtime.proxy_runs, "_lookup", data_bowl)
+    stats = search.run(cfg, paths)
+    rep = json.loads(paths.search.reuse.read_text())
+    assert rep["decision"] in ("drifted", "fails"), rep
+    held = ITERATIONS[-1] + ITERATIONS[-1]
+    assert len(_records(paths)) > held  # more than a landscape that held would have cost
+    # and the pick moved toward the grown cluster, as a full search's would
+    g = int(np.argmax(grew))
+    old = json.loads((earlier[1] / "search" / "mixture.json").read_text())["weights"]
+    assert json.loads(paths.search.mixture.read_text())["weights"][g] > old[g] + 0.2
+    assert stats["reuse"]["decision"] == rep["decision"]
+
+
 def test_a_pick_the_search_never_trained_is_expected_at_its_comparison(earlier):
     from climb.runtime.layout import RunPaths
     from climb.stages.search.reuse import _pick_measured, earlier_records
