@@ -122,7 +122,8 @@ def _keep(arm: str, v: int, seed: int, run: Path) -> None:
         rec = record(run, known_answer=True)
         from benchmarks.variant_pair import search_compute
         from climb.runtime.layout import RunPaths
-        rec["search_compute"] = search_compute(RunPaths(run))
+        # None where the search trained no proxy to choose (a shard removed): nothing spent.
+        rec["search_compute"] = search_compute(RunPaths(run)) or {"tokens": 0.0, "token_params": 0.0}
         reuse = run / "search" / "reuse.json"
         if reuse.exists():
             rec["reuse"] = json.loads(reuse.read_text())
