@@ -54,6 +54,10 @@ ARMS = {
     # The target arm's search with its last iteration spent on two finalists, each trained on two
     # further shared seeds, the pick the finalist with the best mean.
     "target-final": DEFAULT_SETS + ["search.target_prior=0.5", "search.finalists=2"],
+    # The target arm's search with its last round twice as large at the same 28 proxies (its last
+    # round's new mixtures gave the pick in 7 seeds of 10; the finalists, who gave it up, lost).
+    "target-last": ["search.experts=0", "search.iterations=[8,8,4,8]", f"search.eval_seeds={EVAL_SEEDS}",
+                    "search.target_prior=0.5"],
     # The target arm's search with the measured near-best averaged as its final pick.
     "target-mean4": DEFAULT_SETS + ["search.target_prior=0.5", 'search.final="measured-predicted"',
                                     "search.final_top_k=4"],
