@@ -168,10 +168,11 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
     # search.reuse: a confirmation round decides where the search starts and what it leans on;
     # across other clusters, the earlier found mixture is one fixed component of a smaller search.
     reused = {"start": 0, "evidence": [], "plan_prior": prior, "pick_prior": prior, "summary": None}
-    if search_cfg.reuse and reuse.mode(reuse.earlier(cfg), paths) == "virtual":
-        ep = reuse.earlier(cfg)
-        reused = virtual.prepare(cfg, paths, space, ep, removed=reuse.removed_only(ep, paths))
-    elif search_cfg.reuse:
+    ep = reuse.earlier(cfg) if search_cfg.reuse else None
+    if ep is not None and reuse.mode(ep, paths) == "virtual":
+        # Under the same clusters, the component way is taken only where documents were just removed.
+        reused = virtual.prepare(cfg, paths, space, ep, removed=reuse.same_clusters(ep, paths))
+    elif ep is not None:
         reused = confirm(cfg, paths, ex, space, base)
         results = read_results(paths)
         done |= {r["mixture_id"] for r in results if not results_log.retry(r, search_cfg.retry_failed)}

@@ -155,7 +155,12 @@ def mode(ep: RunPaths, paths: RunPaths) -> str:
     is checked by a confirmation round); "virtual": the clusters are not the same, or the corpus only
     lost documents (its found mixture enters as one fixed component, climb/stages/search/virtual.py;
     with nothing new to choose, no search proxy trains and the pick is that component)."""
-    return "same" if _clustering(ep, paths) is None and not removed_only(ep, paths) else "virtual"
+    return "same" if same_clusters(ep, paths) and not removed_only(ep, paths) else "virtual"
+
+
+def same_clusters(ep: RunPaths, paths: RunPaths) -> bool:
+    """Whether the earlier run's clusters (centroids, fine-to-cluster plan) are this run's."""
+    return _clustering(ep, paths) is None
 
 
 def removed_only(ep: RunPaths, paths: RunPaths) -> bool:
