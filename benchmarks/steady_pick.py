@@ -249,26 +249,6 @@ def figure(preset: str, seeds: list[int], arm: str, out: str | None) -> dict:
     return obj
 
 
-def neighbours(X, y, P):
-    """A Gaussian-kernel average of the measured values `y` at `P`, its bandwidth the one of a
-    grid (quantiles of the measured mixtures' distances) that predicts each measured value best from
-    the others (leave-one-out)."""
-    import numpy as np
-    X, y, P = (np.asarray(a, float) for a in (X, y, P))
-    D = np.sqrt(((X[:, None] - X[None]) ** 2).sum(-1))
-    best = None
-    for h in np.quantile(D[np.triu_indices(len(X), 1)], [0.02, 0.05, 0.1, 0.2, 0.3, 0.5]):
-        K = np.exp(-0.5 * (D / h) ** 2)
-        np.fill_diagonal(K, 0.0)
-        err = float(np.mean((K @ y / np.maximum(K.sum(1), 1e-300) - y) ** 2))
-        if best is None or err < best[0]:
-            best = (err, h)
-    h = best[1]
-    E = np.sqrt(((P[:, None] - X[None]) ** 2).sum(-1))
-    K = np.exp(-0.5 * (E / h) ** 2 + 0.5 * ((E.min(1, keepdims=True)) / h) ** 2)  # scaled: no underflow
-    return K @ y / K.sum(1)
-
-
 def simulated(preset: str, seeds: list[int], arm: str, samples: int = 2, runs: int = 4, pool: int = 1000,
               out: str | None = None, truth: str = "sample") -> dict:
     """Another candidate for a run's own steadiness figure: the whole search simulated on the run's
@@ -282,10 +262,11 @@ def simulated(preset: str, seeds: list[int], arm: str, samples: int = 2, runs: i
     `runs` search seeds): the spread a re-run would show if the run's own view of the landscape were
     right, the predictor's doubt about regions nobody measured left out.
 
-    `truth = "neighbours"`: the search simulated on what the run's measured mixtures say of their
-    neighbourhood (a Gaussian-kernel average of the measured values, its bandwidth chosen by
-    leave-one-out on the run's own results): no region can be better than the best measured, so a
-    run whose measurements all sit in one region sees its re-runs land there."""
+    `truth = "neighbours"`: the figure every run now keeps as `steadiness.rerun_sd`
+    (climb.stages.search.common.rerun_figure): the search simulated eight times on what the run's
+    measured mixtures say of their neighbourhood (climb.optimize.pick.neighbours_mean); no region can
+    be better than the best measured, so a run whose measurements all sit in one region sees its
+    re-runs land there."""
     import numpy as np
 
     from climb.optimize.acquisition import gp_posterior, spread_model
@@ -297,23 +278,25 @@ def simulated(preset: str, seeds: list[int], arm: str, samples: int = 2, runs: i
         if (got := recorded(preset, s, arm)) is None:
             continue
         rec, cfg, space = got
+        noise = rec["quality"].get("paired_sd") or 0.0
+        if truth == "neighbours":
+            from climb.stages.search.common import rerun_figure
+            rows.append({"seed": s, "found": rec["score"],
+                         "simulated_spread": rerun_figure(cfg, space, rec["swarm"], noise)["rerun_sd"]})
+            print(f"seed {s}: found {rec['score']:.4f}, simulated spread {rows[-1]['simulated_spread']:.4f}", flush=True)
+            continue
         ok = [r for r in rec["swarm"] if r["status"] == "ok"]
         X, y = np.array([r["weights"] for r in ok]), np.array([r["objective"] for r in ok])
         P = candidate_pool(cfg, space, pool, s + 7)
-        if truth == "neighbours":
-            mean, root = neighbours(X, y, P), None
-        else:
-            gp = spread_model(make_predictor(cfg.search.predictor, seed=s).fit(X, y), X, y, s)
-            mean, cov = gp_posterior(gp, P, full_cov=True)
-            root = np.linalg.cholesky(cov + 1e-8 * np.mean(np.diag(cov)) * np.eye(len(P)))
+        gp = spread_model(make_predictor(cfg.search.predictor, seed=s).fit(X, y), X, y, s)
+        mean, cov = gp_posterior(gp, P, full_cov=True)
+        root = np.linalg.cholesky(cov + 1e-8 * np.mean(np.diag(cov)) * np.eye(len(P)))
         rng = np.random.default_rng(s)
-        noise = rec["quality"].get("paired_sd") or 0.0
         strategy = from_search_config(cfg.search)
         sds = []
-        fixed = truth in ("mean", "neighbours")
-        for k in range(1 if fixed else samples):
-            fk = mean if fixed else mean + root @ rng.standard_normal(len(P))
-            n_runs = samples * runs if fixed else runs
+        for k in range(1 if truth == "mean" else samples):
+            fk = mean if truth == "mean" else mean + root @ rng.standard_normal(len(P))
+            n_runs = samples * runs if truth == "mean" else runs
             picks = [simulate(P, fk, rec["goal"], cfg.search.iterations, strategy, seed=1000 * k + j, noise=noise)["pick"]
                      for j in range(n_runs)]
             sds.append(float(np.std(fk[picks], ddof=1)))

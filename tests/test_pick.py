@@ -3,14 +3,15 @@
 Property tests over random mixtures, caps and minimum weights (numpy's generator, fixed
 seeds): every projected or averaged pick sums to one and gives each cluster 0 or a weight
 in [min_weight, cap]; a pick already inside is left alone. The steadiness figure is larger
-for a planted noisy swarm than for a quiet one on the same mixtures.
+for a planted noisy swarm than for a quiet one on the same mixtures; so is the simulated
+re-run figure (`rerun_sd`).
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from climb.optimize.pick import feasible, project, steadiness, within
+from climb.optimize.pick import feasible, neighbours_mean, project, rerun_spread, steadiness, within
 from climb.optimize.strategy import Strategy, final_pick, pick_weights
 
 
@@ -136,6 +137,45 @@ def test_steadiness_does_not_depend_on_the_order_of_the_results():
     a = final_pick(X, y, "minimize", X, strategy, 0, steadiness=8)["steadiness"]
     b = final_pick(X.copy(), y.copy(), "minimize", X, strategy, 0, steadiness=8)["steadiness"]
     assert a["pick_sd"] == b["pick_sd"] and np.array_equal(a["picks"], b["picks"])
+
+
+def test_the_rerun_figure_is_larger_for_a_noisy_swarm_than_a_quiet_one():
+    """rerun_spread: the search simulated again on what the results say; with the same mixtures,
+    noisier results (and noisier simulated look-ups) move the simulated answer more."""
+    strategy = Strategy(predictor="gp", final="seen")
+    pool = np.random.default_rng(11).dirichlet(np.ones(6), 300)
+    figures = {}
+    for noise in (0.002, 0.05):
+        X, y = _swarm(noise)
+        figures[noise] = rerun_spread(X, y, "minimize", pool, [8, 8, 4], strategy, noise)
+        assert figures[noise]["rerun_runs"] == 8
+        lo, hi = figures[noise]["rerun_range"]
+        assert y.min() - 1e-12 <= lo <= hi <= y.max() + 1e-12  # a kernel average: within the measured values
+    assert figures[0.05]["rerun_sd"] > 2 * figures[0.002]["rerun_sd"]
+
+
+def test_neighbours_mean_reproduces_the_measured_and_never_reads_better_than_the_best():
+    X, y = _swarm(0.002)
+    pool = np.random.default_rng(12).dirichlet(np.ones(6), 500)
+    f, h = neighbours_mean(X, y, pool)
+    assert h > 0 and f.min() >= y.min() - 1e-12 and f.max() <= y.max() + 1e-12
+    # a smooth bowl: the average tracks it where the measured mixtures are
+    g, _ = neighbours_mean(X, y, X)
+    assert np.corrcoef(g, y)[0, 1] > 0.8
+
+
+def test_the_rerun_figure_does_not_depend_on_the_order_of_the_results():
+    """The stage passes the results in mixture-id order (rerun_figure); given rows in any order
+    the figure is the same function of them up to floating point, and bit-identical in one order."""
+    X, y = _swarm(0.01)
+    pool = np.random.default_rng(13).dirichlet(np.ones(6), 200)
+    strategy = Strategy(predictor="gp", final="seen")
+    a = rerun_spread(X, y, "minimize", pool, [8, 4], strategy, 0.01)
+    b = rerun_spread(X.copy(), y.copy(), "minimize", pool, [8, 4], strategy, 0.01)
+    assert a == b
+    perm = np.random.default_rng(1).permutation(len(y))
+    c = rerun_spread(X[perm], y[perm], "minimize", pool, [8, 4], strategy, 0.01)
+    assert np.isclose(c["rerun_sd"], a["rerun_sd"], rtol=1e-9, atol=1e-12)
 
 
 def test_the_measured_top_k_mean_stays_among_the_measured_and_inside_the_bounds():

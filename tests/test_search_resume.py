@@ -145,6 +145,7 @@ def test_quality_does_not_depend_on_the_order_proxies_finished_in(finished, tmp_
     search.run(cfg, paths)
     got = outputs(paths)
     assert want["quality.json"]["steadiness"]["pick_sd"] is not None
+    assert want["quality.json"]["steadiness"]["rerun_sd"] is not None
     for f in want:
         if f not in ("results.jsonl", "replicates.json"):
             assert got[f] == want[f], f"{f} differs when the proxies finished in another order"

@@ -175,6 +175,10 @@ def summary_table(summary: dict) -> str:
         if comp.get(k, {}).get("ci95") and comp[k].get("seeds_to_resolve"):
             verdict += f" (about {comp[k]['seeds_to_resolve']} seeds would resolve it)"
         lines.append(f"| {k}{' (best)' if k == best else ''} | {v:.4f} | {diff} | {verdict} |")
+    rerun = (summary.get("steadiness") or {}).get("rerun_sd")
+    if rerun is not None and "climb" in res:
+        lines.append(f"\nclimb {res['climb']:.4f}, sd {rerun:.4f} over another search seed (the run's own estimate: "
+                     "its search simulated again on what it measured)")
     return "\n".join(lines)
 
 
@@ -206,13 +210,16 @@ def quality_lines(q: dict) -> str:
         lines.append(f"- merged models' objective against the measured results, Spearman by iteration: "
                      f"{skill or 'n/a'}")
     st = q.get("steadiness") or {}
+    if st.get("rerun_sd") is not None:
+        lines.append(f"- how far another search seed's answer may fall: this search simulated {st['rerun_runs']} times "
+                     f"with other seeds on what its own proxies measured finds answers with sd {st['rerun_sd']:.4f} "
+                     f"(range {st['rerun_range'][0]:.4f} - {st['rerun_range'][1]:.4f})")
     if st.get("pick_sd") is not None:
         lines.append(f"- steadiness of the pick: on {st['n_boot']} bootstrap resamples of this run's proxies its "
                      f"predicted objective has sd {st['pick_sd']:.4f} (range {st['pick_range'][0]:.4f} - "
                      f"{st['pick_range'][1]:.4f}; the resampled picks lie {st['pick_l1']:.2f} apart in L1 on average)")
     if st.get("posterior_spread") is not None:
-        lines.append(f"- how far another search seed's answer may fall: under the predictor's posterior the best "
-                     f"mixture is {st['posterior_regret']:.4f} better than this pick on average, sd "
+        lines.append(f"- under the predictor's posterior the best mixture is {st['posterior_regret']:.4f} better than this pick on average, sd "
                      f"{st['posterior_spread']:.4f} (regions this run never measured included)")
     if q.get("reuse"):
         from climb.stages.search.reuse import sentence

@@ -61,7 +61,7 @@ from climb.runtime.layout import RunPaths
 from climb.runtime.targets import target_files
 from climb.stages.search.cheap import (experts_feature, experts_skill, halving, merged_feature, record_merge_scoring,
                                        shared_base)
-from climb.stages.search.common import (append, source_bounds, candidate_pool, final_mixture, fixed_candidates, mixture_space,
+from climb.stages.search.common import (append, source_bounds, candidate_pool, final_mixture, rerun_figure, fixed_candidates, mixture_space,
                                         ok_sorted, pool_size, proxy_task, read_results, run_proxies, search_bounds)
 from climb.stages.search.compare import compare, comparison_table, one_shot, replicates
 from climb.stages.search.reuse import CONFIRMATION, confirm, evidence_key
@@ -265,6 +265,9 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         quality["reuse"] = reused["summary"]
     if "steadiness" in final:
         quality["steadiness"] = {k: v for k, v in final["steadiness"].items() if k != "picks"}
+        rerun = rerun_figure(cfg, space, results, quality["paired_sd"])
+        if rerun is not None:
+            quality["steadiness"].update(rerun)
     quality["warnings"] = warnings(quality)
     if scan is not None:
         quality["contamination"] = {"docs": scan["docs"], "tokens": scan["tokens"],

@@ -221,6 +221,25 @@ def final_pool(cfg: RunConfig, space: dict) -> np.ndarray:
     return fixed if fixed is not None else candidate_pool(cfg, space, pool_size(cfg), cfg.search.seed + 99_991)
 
 
+# The pool the simulated re-runs of `rerun_figure` search (as measured in
+# docs/benchmarks/steady-answer.md: 1,000 candidates drawn as the run draws its own).
+RERUN_POOL = 1000
+
+
+def rerun_figure(cfg: RunConfig, space: dict, results: list[dict], noise: float | None) -> dict | None:
+    """How far another search seed's answer may fall (climb.optimize.pick.rerun_spread): the
+    run's search simulated on what its measured mixtures say of their neighbourhood, with its
+    paired seed noise `noise`. None with fewer than four finished proxies."""
+    from climb.optimize.pick import rerun_spread
+    from climb.optimize.strategy import from_search_config
+    ok = [r for r in ok_sorted(results) if "stopped" not in r]
+    if len(ok) < 4:
+        return None
+    pool = candidate_pool(cfg, space, RERUN_POOL, cfg.search.seed + 7)
+    return rerun_spread([r["weights"] for r in ok], [r["objective"] for r in ok], cfg.target.goal, pool,
+                        cfg.search.iterations, from_search_config(cfg.search), noise or 0.0)
+
+
 def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | None = None,
                   source: str = "search/results.jsonl", prior=None, pool: np.ndarray | None = None) -> dict:
     """The mixture the results point to, by `search.final` (or `rule`, e.g. "predicted"), among the
