@@ -61,8 +61,9 @@ from climb.runtime.layout import RunPaths
 from climb.runtime.targets import target_files
 from climb.stages.search.cheap import (experts_feature, experts_skill, halving, merged_feature, record_merge_scoring,
                                        shared_base)
-from climb.stages.search.common import (append, source_bounds, candidate_pool, final_mixture, rerun_figure, fixed_candidates, mixture_space,
-                                        ok_sorted, pool_size, proxy_task, read_results, run_proxies, search_bounds)
+from climb.stages.search.common import (append, source_bounds, candidate_pool, final_mixture, fixed_candidates, mixture_space,
+                                        ok_sorted, pool_size, proxy_task, read_results, rerun_figure, run_proxies,
+                                        search_bounds)
 from climb.stages.search.compare import compare, comparison_table, one_shot, replicates
 from climb.stages.search.reuse import CONFIRMATION, confirm, evidence_key
 from climb.stages.search import finalists, reuse, virtual
