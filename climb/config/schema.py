@@ -363,7 +363,8 @@ class SearchConfig:
     # (Olmix's kl_reg), so it strays from the natural mixture only for a predicted gain. 0: off.
     final_kl: float = 0.0
     # How steady the pick is: the pick made again on this many bootstrap resamples of the
-    # run's results (search/quality.json's `pick_sd`, climb/optimize/pick.py). 0: off.
+    # run's results (search/quality.json's `pick_sd`, climb/optimize/pick.py); with it, the
+    # posterior regret and the simulated re-runs (`rerun_sd`). 0: all three off.
     steadiness_boot: int = 16
     # Finalists measured again: with N > 0 the last iteration trains no new mixture; its
     # iterations[-1] proxies train the N measured mixtures the predictor rates best again, each on

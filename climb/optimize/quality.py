@@ -33,9 +33,6 @@ log = logging.getLogger(__name__)
 # Below these, the run says the signal is too weak to search on.
 MIN_OOF_SPEARMAN = 0.3
 MIN_SNR = 2.0
-# Above this multiple of the paired seed noise, the bootstrap spread of the pick (pick_sd) is
-# called unsteady: resampling the run's own proxies moves its answer more than one proxy's noise.
-MAX_PICK_NOISE = 1.0
 # Above this share of the smallest resolved gain over a baseline, the sd of the answer over
 # simulated re-runs of the search (rerun_sd) is said to leave the answer to the search seed: a
 # twentieth of the gain (on the demo's tech target, 0.009 of 0.18; the steadier search there
@@ -199,12 +196,6 @@ def warnings(q: dict) -> list[str]:
                    "results are not comparable; set proxy.device and proxy.precision, and train those again "
                    "(a new run folder, or delete search/)")
     st = q.get("steadiness") or {}
-    noise = q.get("paired_sd")
-    if st.get("pick_sd") is not None and noise and st["pick_sd"] > MAX_PICK_NOISE * noise:
-        out.append(f"unsteady pick: on resamples of this run's proxies the pick's predicted objective moves by "
-                   f"sd {st['pick_sd']:.4f}, {st['pick_sd'] / noise:.1f}x the proxies' paired seed noise (want <= "
-                   f"{MAX_PICK_NOISE:g}x), so another search seed may well find another answer; train more "
-                   "proxies (search.iterations) or pick from the predictor (search.final, search.final_top_k)")
     gains = [abs(c["diff"]) for c in (q.get("comparison") or {}).values()
              if c.get("verdict") == "better" and c.get("diff") is not None]
     rerun = st.get("rerun_sd")
