@@ -264,7 +264,7 @@ def simulated(preset: str, seeds: list[int], arm: str, samples: int = 2, runs: i
 
     `truth = "neighbours"`: the figure every run now keeps as `steadiness.rerun_sd`
     (climb.stages.search.common.rerun_figure): the search simulated eight times on what the run's
-    measured mixtures say of their neighbourhood (climb.optimize.pick.neighbours_mean); no region can
+    measured mixtures say of their neighbourhood (climb.optimize.rerun.neighbours_mean); no region can
     be better than the best measured, so a run whose measurements all sit in one region sees its
     re-runs land there."""
     import numpy as np

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from climb.optimize.pick import feasible, neighbours_mean, project, rerun_spread, steadiness, within
+from climb.optimize.pick import feasible, project, steadiness, within
+from climb.optimize.rerun import neighbours_mean, rerun_spread
 from climb.optimize.strategy import Strategy, final_pick, pick_weights
 
 

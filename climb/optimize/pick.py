@@ -13,12 +13,7 @@ resample, and each resampled pick scored by the predictor fitted on all results.
 the figure `search/quality.json` keeps as `pick_sd`; its share of held-out clusters and
 its L1 distance from the run's pick say where the resampled picks go.
 
-`rerun_spread` is the figure that says how far another search seed's answer may fall: the
-whole search simulated eight times with other seeds on what the run's measured mixtures say
-of their neighbourhood (`neighbours_mean`), with the run's paired noise on every look-up; the
-sd of the simulated picks' values (`rerun_sd`). Read on the demo's recorded runs it stayed
-within 0.77-1.21 x the seed-to-seed sd of four searches whose sd ran 0.006-0.029
-(docs/benchmarks/steady-answer.md).
+How far another search seed's answer may fall is climb.optimize.rerun's figure.
 
     from climb.optimize.pick import project, steadiness
     w = project(np.array([0.5, 0.49, 0.01]), max_weight=np.array([0.6, 0.6, 0.6]), min_weight=0.02)
@@ -145,52 +140,3 @@ def posterior_regret(model, X, y, pick, pool, goal: str, n_samples: int = 256, s
     return {"posterior_regret": float(regret.mean()), "posterior_spread": float(regret.std(ddof=1)),
             "posterior_samples": int(n_samples), "posterior_points": int(len(Q))}
 
-
-BANDWIDTH_QUANTILES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
-
-
-def neighbours_mean(X, y, P) -> tuple[np.ndarray, float]:
-    """What the measured mixtures `X` (values `y`) say of the mixtures `P`: a Gaussian-kernel
-    average of `y` in weight space, its bandwidth the one of a grid (quantiles of the measured
-    mixtures' distances) that predicts each measured value best from the others (leave-one-out).
-    No mixture reads better than the best measured one. Returns the values and the bandwidth."""
-    X, y, P = (np.asarray(a, float) for a in (X, y, P))
-    D = np.sqrt(((X[:, None] - X[None]) ** 2).sum(-1))
-    best = None
-    for h in np.quantile(D[np.triu_indices(len(X), 1)], BANDWIDTH_QUANTILES):
-        if h <= 0:
-            continue
-        K = np.exp(-0.5 * (D / h) ** 2)
-        np.fill_diagonal(K, 0.0)
-        err = float(np.mean((K @ y / np.maximum(K.sum(1), 1e-300) - y) ** 2))
-        if best is None or err < best[0]:
-            best = (err, float(h))
-    if best is None:  # every measured mixture the same: nothing to say but their mean
-        return np.full(len(P), float(np.mean(y))), 0.0
-    h = best[1]
-    E = np.sqrt(((P[:, None] - X[None]) ** 2).sum(-1))
-    K = np.exp(-0.5 * ((E / h) ** 2 - (E.min(1, keepdims=True) / h) ** 2))  # scaled by the nearest: no underflow
-    return K @ y / K.sum(1), h
-
-
-def rerun_spread(X, y, goal: str, pool, iterations, strategy, noise: float, runs: int = 8) -> dict:
-    """How far another search seed's answer may fall: the search (`iterations`, `strategy`)
-    simulated `runs` times with seeds 0..runs-1 over `pool` (drawn as the run draws its own), each
-    look-up `neighbours_mean` of the run's results plus Gaussian noise of sd `noise` (the run's
-    paired seed noise); `rerun_sd` is the sd of the simulated picks' values, `rerun_range` their
-    range. A pick that averages mixtures (`final_top_k` > 1) is simulated as its single best
-    (k = 1), so every simulated pick is a pool member with a value. Returns None with fewer than
-    four results or fewer than two runs."""
-    from dataclasses import replace
-
-    from climb.optimize.strategy import simulate
-    if getattr(strategy, "final_top_k", 1) > 1:
-        strategy = replace(strategy, final_top_k=1)
-    X, y = np.asarray(X, float), np.asarray(y, float)
-    if len(y) < 4 or runs < 2:
-        return None
-    f, h = neighbours_mean(X, y, pool)
-    picks = [simulate(pool, f, goal, iterations, strategy, seed=j, noise=noise)["pick"] for j in range(runs)]
-    v = f[picks]
-    return {"rerun_sd": float(np.std(v, ddof=1)), "rerun_range": [float(v.min()), float(v.max())],
-            "rerun_runs": runs, "rerun_bandwidth": h}

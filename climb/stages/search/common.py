@@ -227,10 +227,10 @@ RERUN_POOL = 1000
 
 
 def rerun_figure(cfg: RunConfig, space: dict, results: list[dict], noise: float | None) -> dict | None:
-    """How far another search seed's answer may fall (climb.optimize.pick.rerun_spread): the
+    """How far another search seed's answer may fall (climb.optimize.rerun.rerun_spread): the
     run's search simulated on what its measured mixtures say of their neighbourhood, with its
     paired seed noise `noise`. None with fewer than four finished proxies."""
-    from climb.optimize.pick import rerun_spread
+    from climb.optimize.rerun import rerun_spread
     from climb.optimize.strategy import from_search_config
     ok = [r for r in ok_sorted(results) if "stopped" not in r]
     if len(ok) < 4:
