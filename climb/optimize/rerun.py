@@ -11,6 +11,8 @@ sd of five searches whose sd ran 0.005-0.029 (docs/benchmarks/steady-answer.md).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from climb.optimize.strategy import simulate
@@ -51,7 +53,6 @@ def rerun_spread(X, y, goal: str, pool, iterations, strategy, noise: float, runs
     range. A pick that averages mixtures (`final_top_k` > 1) is simulated as its single best
     (k = 1), so every simulated pick is a pool member with a value. Returns None with fewer than
     four results or fewer than two runs."""
-    from dataclasses import replace
     if getattr(strategy, "final_top_k", 1) > 1:
         strategy = replace(strategy, final_top_k=1)
     X, y = np.asarray(X, float), np.asarray(y, float)

@@ -233,8 +233,6 @@ def rerun_figure(cfg: RunConfig, space: dict, results: list[dict], noise: float 
     from climb.optimize.rerun import rerun_spread
     from climb.optimize.strategy import from_search_config
     ok = [r for r in ok_sorted(results) if "stopped" not in r]
-    if len(ok) < 4:
-        return None
     pool = candidate_pool(cfg, space, RERUN_POOL, cfg.search.seed + 7)
     return rerun_spread([r["weights"] for r in ok], [r["objective"] for r in ok], cfg.target.goal, pool,
                         cfg.search.iterations, from_search_config(cfg.search), noise or 0.0)
