@@ -279,10 +279,10 @@ def simulated(preset: str, seeds: list[int], arm: str, samples: int = 2, runs: i
             continue
         rec, cfg, space = got
         noise = rec["quality"].get("paired_sd") or 0.0
-        if truth == "neighbours":
+        if truth in ("neighbours", "trend", "predicted"):
             from climb.stages.search.common import rerun_figure
             rows.append({"seed": s, "found": rec["score"],
-                         "simulated_spread": rerun_figure(cfg, space, rec["swarm"], noise)["rerun_sd"]})
+                         "simulated_spread": rerun_figure(cfg, space, rec["swarm"], noise, truth=truth)["rerun_sd"]})
             print(f"seed {s}: found {rec['score']:.4f}, simulated spread {rows[-1]['simulated_spread']:.4f}", flush=True)
             continue
         ok = [r for r in rec["swarm"] if r["status"] == "ok"]
@@ -527,8 +527,8 @@ def main(argv=None) -> None:
                     choices=list(RULES))
     ap.add_argument("--rule", choices=list(RULES), default="seen",
                     help="judge: the final rule replayed on the arm's runs (replay --arm A --rules R first)")
-    ap.add_argument("--truth", choices=["sample", "mean", "neighbours"], default="sample",
-                    help="simulated: search the GP's samples, its posterior mean, or the measured neighbours' average")
+    ap.add_argument("--truth", choices=["sample", "mean", "neighbours", "trend", "predicted"], default="sample",
+                    help="simulated: search the GP's samples, its posterior mean, the measured neighbours' average (alone, around a ridge trend), or the run's predictor clipped to the measured range")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.verb == "train":

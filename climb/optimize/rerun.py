@@ -27,9 +27,19 @@ def neighbours_mean(X, y, P) -> tuple[np.ndarray, float]:
     mixtures' distances) that predicts each measured value best from the others (leave-one-out).
     No mixture reads better than the best measured one. Returns the values and the bandwidth."""
     X, y, P = (np.asarray(a, float) for a in (X, y, P))
-    D = np.sqrt(((X[:, None] - X[None]) ** 2).sum(-1))
+    h = _kernel_bandwidth(np.sqrt(((X[:, None] - X[None]) ** 2).sum(-1)), y)
+    if h is None:  # every measured mixture the same: nothing to say but their mean
+        return np.full(len(P), float(np.mean(y))), 0.0
+    E = np.sqrt(((P[:, None] - X[None]) ** 2).sum(-1))
+    K = np.exp(-0.5 * ((E / h) ** 2 - (E.min(1, keepdims=True) / h) ** 2))  # scaled by the nearest: no underflow
+    return K @ y / K.sum(1), h
+
+
+def _kernel_bandwidth(D: np.ndarray, y: np.ndarray) -> float | None:
+    """The bandwidth of the grid (quantiles of the measured mixtures' distances `D`) whose kernel
+    average predicts each value of `y` best from the others (leave-one-out); None if all coincide."""
     best = None
-    for h in np.quantile(D[np.triu_indices(len(X), 1)], BANDWIDTH_QUANTILES):
+    for h in np.quantile(D[np.triu_indices(len(y), 1)], BANDWIDTH_QUANTILES):
         if h <= 0:
             continue
         K = np.exp(-0.5 * (D / h) ** 2)
@@ -37,28 +47,65 @@ def neighbours_mean(X, y, P) -> tuple[np.ndarray, float]:
         err = float(np.mean((K @ y / np.maximum(K.sum(1), 1e-300) - y) ** 2))
         if best is None or err < best[0]:
             best = (err, float(h))
-    if best is None:  # every measured mixture the same: nothing to say but their mean
-        return np.full(len(P), float(np.mean(y))), 0.0
-    h = best[1]
-    E = np.sqrt(((P[:, None] - X[None]) ** 2).sum(-1))
-    K = np.exp(-0.5 * ((E / h) ** 2 - (E.min(1, keepdims=True) / h) ** 2))  # scaled by the nearest: no underflow
-    return K @ y / K.sum(1), h
+    return None if best is None else best[1]
 
 
-def rerun_spread(X, y, goal: str, pool, iterations, strategy, noise: float, runs: int = 8) -> dict:
+def trend_mean(X, y, P, goal: str) -> tuple[np.ndarray, float]:
+    """`neighbours_mean` around a trend: a ridge line in the weights (its penalty by leave-one-out)
+    fitted to the measured values, the kernel average of what it leaves over added back. Far from
+    every measured mixture the trend carries on (a mixture with more of what helped reads better),
+    where the plain kernel average holds its nearest measured value. No mixture reads better than
+    the best measured one (nor worse than the worst). Returns the values and the bandwidth."""
+    from sklearn.linear_model import RidgeCV
+    X, y, P = (np.asarray(a, float) for a in (X, y, P))
+    line = RidgeCV(alphas=np.logspace(-4, 2, 13)).fit(X, y)
+    r = y - line.predict(X)
+    D = np.sqrt(((X[:, None] - X[None]) ** 2).sum(-1))
+    h = _kernel_bandwidth(D, r)
+    f = line.predict(P)
+    if h is not None:
+        E = np.sqrt(((P[:, None] - X[None]) ** 2).sum(-1))
+        K = np.exp(-0.5 * ((E / h) ** 2 - (E.min(1, keepdims=True) / h) ** 2))
+        f = f + K @ r / K.sum(1)
+    return np.clip(f, y.min(), y.max()), h or 0.0
+
+
+def predicted_mean(X, y, P, goal: str, predictor: str = "default", seed: int = 0) -> tuple[np.ndarray, float]:
+    """The run's own predictor, fitted on every measured mixture, as the landscape; no mixture reads
+    better than the best measured one (nor worse than the worst). Returns the values and 0.0."""
+    from climb.optimize.predictor import make_predictor
+    X, y, P = (np.asarray(a, float) for a in (X, y, P))
+    f = make_predictor(predictor, seed=seed).fit(X, y).predict(P)
+    return np.clip(np.asarray(f, float), y.min(), y.max()), 0.0
+
+
+TRUTHS = ("neighbours", "trend", "predicted")
+
+
+def rerun_spread(X, y, goal: str, pool, iterations, strategy, noise: float, runs: int = 8,
+                 truth: str = "neighbours") -> dict:
     """How far another search seed's answer may fall: the search (`iterations`, `strategy`)
     simulated `runs` times with seeds 0..runs-1 over `pool` (drawn as the run draws its own), each
     look-up `neighbours_mean` of the run's results plus Gaussian noise of sd `noise` (the run's
     paired seed noise); `rerun_sd` is the sd of the simulated picks' values, `rerun_range` their
     range. A pick that averages mixtures (`final_top_k` > 1) is simulated as its single best
     (k = 1), so every simulated pick is a pool member with a value. Returns None with fewer than
-    four results or fewer than two runs."""
+    four results or fewer than two runs. `truth` names the landscape the re-runs search:
+    "neighbours" (the figure a run keeps), "trend" (`trend_mean`) or "predicted" (`predicted_mean`),
+    the latter two candidates measured in docs/benchmarks/steady-answer.md."""
     if getattr(strategy, "final_top_k", 1) > 1:
         strategy = replace(strategy, final_top_k=1)
     X, y = np.asarray(X, float), np.asarray(y, float)
     if len(y) < 4 or runs < 2:
         return None
-    f, h = neighbours_mean(X, y, pool)
+    if truth not in TRUTHS:
+        raise ValueError(f"unknown truth {truth!r}; choose one of: {', '.join(TRUTHS)}")
+    if truth == "neighbours":
+        f, h = neighbours_mean(X, y, pool)
+    elif truth == "trend":
+        f, h = trend_mean(X, y, pool, goal)
+    else:
+        f, h = predicted_mean(X, y, pool, goal, getattr(strategy, "predictor", "default"))
     picks = [simulate(pool, f, goal, iterations, strategy, seed=j, noise=noise)["pick"] for j in range(runs)]
     v = f[picks]
     return {"rerun_sd": float(np.std(v, ddof=1)), "rerun_range": [float(v.min()), float(v.max())],

@@ -226,7 +226,8 @@ def final_pool(cfg: RunConfig, space: dict) -> np.ndarray:
 RERUN_POOL = 1000
 
 
-def rerun_figure(cfg: RunConfig, space: dict, results: list[dict], noise: float | None) -> dict | None:
+def rerun_figure(cfg: RunConfig, space: dict, results: list[dict], noise: float | None,
+                 truth: str = "neighbours") -> dict | None:
     """How far another search seed's answer may fall (climb.optimize.rerun.rerun_spread): the
     run's search simulated on what its measured mixtures say of their neighbourhood, with its
     paired seed noise `noise`. None with fewer than four finished proxies."""
@@ -235,7 +236,7 @@ def rerun_figure(cfg: RunConfig, space: dict, results: list[dict], noise: float 
     ok = [r for r in ok_sorted(results) if "stopped" not in r]
     pool = candidate_pool(cfg, space, RERUN_POOL, cfg.search.seed + 7)
     return rerun_spread([r["weights"] for r in ok], [r["objective"] for r in ok], cfg.target.goal, pool,
-                        cfg.search.iterations, from_search_config(cfg.search), noise or 0.0)
+                        cfg.search.iterations, from_search_config(cfg.search), noise or 0.0, truth=truth)
 
 
 def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | None = None,
