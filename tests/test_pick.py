@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from climb.optimize.pick import feasible, project, steadiness, within
-from climb.optimize.rerun import neighbours_mean, rerun_spread
+from climb.optimize.rerun import neighbours_mean, predicted_mean, rerun_spread, trend_mean
 from climb.optimize.strategy import Strategy, final_pick, pick_weights
 
 
@@ -163,6 +163,25 @@ def test_neighbours_mean_reproduces_the_measured_and_never_reads_better_than_the
     # a smooth bowl: the average tracks it where the measured mixtures are
     g, _ = neighbours_mean(X, y, X)
     assert np.corrcoef(g, y)[0, 1] > 0.8
+
+
+def test_the_trend_landscape_carries_a_gradient_where_the_kernel_average_holds_its_nearest_value():
+    """trend_mean: on a line in the weights measured only near one corner and one far point, a
+    mixture past the measured ones toward the good corner reads better than its nearest measured
+    neighbour under the trend (never better than the best measured), where the kernel average holds
+    the nearest value; predicted_mean stays inside the measured range too."""
+    rng = np.random.default_rng(5)
+    X = np.vstack([rng.dirichlet(np.ones(4) * 30, 10), rng.dirichlet([1, 1, 1, 8], 10)])
+    y = 3.0 - 1.0 * X[:, 3]  # more of the fourth component, lower loss
+    P = np.array([[0.02, 0.02, 0.02, 0.94], [0.25, 0.25, 0.25, 0.25]])
+    f, _ = trend_mean(X, y, P, "minimize")
+    g, _ = neighbours_mean(X, y, P)
+    assert f.min() >= y.min() - 1e-12 and f.max() <= y.max() + 1e-12
+    assert f[0] <= g[0] + 1e-9 and f[0] < f[1]
+    with pytest.raises(ValueError, match="unknown truth"):
+        rerun_spread(X, y, "minimize", P, [2], Strategy(predictor="gp"), 0.0, truth="nope")
+    h, _ = predicted_mean(X, y, P, "minimize", "gp")
+    assert h.min() >= y.min() - 1e-12 and h.max() <= y.max() + 1e-12 and h[0] < h[1]
 
 
 def test_the_rerun_figure_does_not_depend_on_the_order_of_the_results():
