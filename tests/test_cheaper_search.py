@@ -315,6 +315,13 @@ def test_a_cheaper_search_runs_end_to_end_on_the_builtin_trainer(tmp_path, monke
         full_skill = spearmanr(f, [r["objective"] for r in seen]).statistic
         assert logp.shape[0] <= search_cheap.EXPERT_TOKENS  # so the feature scores every target token, as here
         assert skill[-1] == pytest.approx(full_skill, abs=1e-9)
+        # The simulated re-runs do not model a search the experts steer: no figure, no warning from it, and
+        # the report says why.
+        st = json.loads(paths.search.quality.read_text())["steadiness"]
+        assert "rerun_sd" not in st and st["rerun_skipped"] == "experts' ensemble loss"
+        assert "not simulated for a search steered by the experts' ensemble loss" in report
+        assert not any("move with the search seed" in w
+                       for w in json.loads(paths.search.quality.read_text())["warnings"])
     # The summary's proxy count is the account's: experts and stopped proxies included.
     summary = json.loads((paths.root / "report" / "summary.json").read_text())
     assert summary["proxies_trained"] == summary["compute"]["total"]["proxies"]

@@ -214,6 +214,9 @@ def quality_lines(q: dict) -> str:
         lines.append(f"- how far another search seed's answer may fall: this search simulated {st['rerun_runs']} times "
                      f"with other seeds on what its own proxies measured finds answers with sd {st['rerun_sd']:.4f} "
                      f"(range {st['rerun_range'][0]:.4f} - {st['rerun_range'][1]:.4f})")
+    elif st.get("rerun_skipped"):
+        lines.append(f"- how far another search seed's answer may fall: not simulated for a search steered by the "
+                     f"{st['rerun_skipped']} (docs/trust.md gives what its seed-to-seed spread measured)")
     if st.get("pick_sd") is not None:
         lines.append(f"- steadiness of the pick: on {st['n_boot']} bootstrap resamples of this run's proxies its "
                      f"predicted objective has sd {st['pick_sd']:.4f} (range {st['pick_range'][0]:.4f} - "

@@ -227,16 +227,21 @@ RERUN_POOL = 1000
 
 
 def rerun_figure(cfg: RunConfig, space: dict, results: list[dict], noise: float | None,
-                 truth: str = "neighbours") -> dict | None:
+                 truth: str = "neighbours", prior=None) -> dict | None:
     """How far another search seed's answer may fall (climb.optimize.rerun.rerun_spread): the
     run's search simulated on what its measured mixtures say of their neighbourhood, with its
-    paired seed noise `noise`. None with fewer than four finished proxies."""
+    paired seed noise `noise`. `prior`: the feature the run's predictor fits a line in first (the
+    experts' ensemble loss, the merged models'), which every simulated search then uses as the run
+    did. None with fewer than four finished proxies."""
+    from dataclasses import replace as dc_replace
+
     from climb.optimize.rerun import rerun_spread
     from climb.optimize.strategy import from_search_config
     ok = [r for r in ok_sorted(results) if "stopped" not in r]
     pool = candidate_pool(cfg, space, RERUN_POOL, cfg.search.seed + 7)
     return rerun_spread([r["weights"] for r in ok], [r["objective"] for r in ok], cfg.target.goal, pool,
-                        cfg.search.iterations, from_search_config(cfg.search), noise or 0.0, truth=truth)
+                        cfg.search.iterations, dc_replace(from_search_config(cfg.search), prior=prior),
+                        noise or 0.0, truth=truth)
 
 
 def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | None = None,
