@@ -195,6 +195,20 @@ def train(seeds: list[int], updates: list[int]) -> None:
             _kept(v, s)
 
 
+# Other reused searches, each measured on one update against the same full searches (its own rule in
+# docs/benchmarks/corpus-updates.md): arm -> (update, extra settings).
+ARMS = {"reused-sharp": (3, ["search.reuse_sharpen=4"])}
+
+
+def train_arm(arm: str, seeds: list[int]) -> None:
+    """The arm's reused searches on its update, from the same earlier runs as the `reused` arm's."""
+    u, sets = ARMS[arm]
+    v = u + 1
+    for s in seeds:
+        earlier = run_dir("full" if v == 2 else "reused", v - 1, s)
+        _keep(arm, v, s, _search(arm, v, s, [f'search.reuse="{earlier}"', "search.baselines=[]"] + sets))
+
+
 # ----------------------------------------------------------------- judge
 def _baselines(v: int) -> dict:
     for f in sorted(RECORDS.glob(f"g52_full_v{v}_s*.json")):
@@ -205,7 +219,7 @@ def _baselines(v: int) -> dict:
     return {}
 
 
-def judge(seeds: list[int], out: str | None) -> dict:
+def judge(seeds: list[int], out: str | None, arm: str = "reused") -> dict:
     import numpy as np
 
     from climb.optimize.quality import paired_comparison
@@ -215,7 +229,7 @@ def judge(seeds: list[int], out: str | None) -> dict:
         v = u + 1
         rows = []
         for s in seeds:
-            fr, ff, fk = (record_file(a, v, s) for a in ("reused", "full", "kept"))
+            fr, ff, fk = (record_file(a, v, s) for a in (arm, "full", "kept"))
             if not (fr.exists() and ff.exists()):
                 continue
             r, f = json.loads(fr.read_text()), json.loads(ff.read_text())
@@ -270,7 +284,7 @@ def judge(seeds: list[int], out: str | None) -> dict:
     checks = {"complete": complete, "compute": den > 0 and num / den <= 0.33,
               "each_update_upper": all(x["upper_below_0.01"] for x in updates.values()),
               "beats_baselines": all_better}
-    obj = {"preset": "demo tech, corpus updates", "seeds": seeds, "updates": updates,
+    obj = {"preset": "demo tech, corpus updates", "arm": arm, "seeds": seeds, "updates": updates,
            "compute_fraction": num / den if den else None, "checks": checks, "passes": all(checks.values())}
     for name, x in updates.items():
         print(f"{name} ({x['update']}): reused - full {x['d_mean']:+.4f} [{x['ci95'][0]:+.4f}, {x['ci95'][1]:+.4f}] "
@@ -290,14 +304,16 @@ def main(argv=None) -> None:
     ap.add_argument("verb", choices=["prepare", "train", "judge"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--updates", type=int, nargs="+", default=list(UPDATES), choices=list(UPDATES))
+    ap.add_argument("--arm", default="reused", choices=["reused"] + list(ARMS),
+                    help="train / judge: the reused searches of the sequence, or another arm on its update")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.verb == "prepare":
         prepare()
     elif a.verb == "train":
-        train(a.seeds, a.updates)
+        train(a.seeds, a.updates) if a.arm == "reused" else train_arm(a.arm, a.seeds)
     else:
-        judge(a.seeds, a.json)
+        judge(a.seeds, a.json, a.arm)
 
 
 if __name__ == "__main__":

@@ -199,6 +199,38 @@ def test_the_pool_starts_with_the_component_and_holds_every_bound():
 
 
 # ----------------------------------------------------------------- a shard removed: no cluster new
+def test_a_sharpened_component_moves_weight_onto_its_heaviest_cluster_and_holds_every_bound():
+    """search.reuse_sharpen: half the draws take the component raised to a power in [1, G]; those rows
+    lean on v's heaviest cluster more than v does, every row holds the bounds, and with the setting
+    off the pool is what it was."""
+    from types import SimpleNamespace
+
+    from climb.config import SearchConfig
+    from climb.optimize.bounds import from_config, satisfied
+    from climb.stages.search.virtual import component_pool, sharpened
+    natural = np.array([0.4, 0.3, 0.2, 0.1])
+    space = {"natural": natural, "usable": np.ones(4, bool), "max_weight": np.array([1.0, 1.0, 1.0, 0.3])}
+    space["bounds"] = from_config({}, space, 0.02)
+    v = np.array([0.6, 0.3, 0.1, 0.0])
+    S = sharpened(v, [1.0, 2.0, 8.0], 0.02)
+    np.testing.assert_allclose(S[0], v)
+    assert S[1, 0] > v[0] and S[2, 0] > S[1, 0] and np.allclose(S.sum(1), 1.0)
+    assert ((S == 0) | (S >= 0.02)).all()  # a cluster below the minimum weight leaves
+    plain = component_pool(SimpleNamespace(search=SearchConfig(min_weight=0.02)), space, v, [3], 500, seed=0)
+    sharp = component_pool(SimpleNamespace(search=SearchConfig(min_weight=0.02, reuse_sharpen=4.0)), space, v, [3],
+                           500, seed=0)
+    np.testing.assert_allclose(sharp[0], v)
+    assert satisfied(sharp, space["bounds"]).all()
+    share = sharp[:, :3] / sharp[:, :3].sum(1, keepdims=True)
+    assert share[:, 0].max() > v[0] / v[:3].sum() + 0.1  # some rows lean on cluster 0 more than v does
+    assert share[:, 0].min() >= v[0] / v[:3].sum() - 1e-6  # none less: sharpening only
+    plain_share = plain[:, :3] / plain[:, :3].sum(1, keepdims=True)
+    np.testing.assert_allclose(plain_share[:, 0], v[0] / v[:3].sum(), atol=1e-6)
+    with pytest.raises(Exception, match="reuse_sharpen"):
+        from climb.config import load_config
+        load_config(None, ["search.reuse_sharpen=0.5"])
+
+
 def test_a_removed_shard_renormalises_the_component_and_trains_no_search_proxy(runs):
     from climb.optimize.bounds import satisfied
     from climb.stages.search.common import run_space

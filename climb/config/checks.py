@@ -91,6 +91,9 @@ def check_config(cfg: RunConfig) -> None:
         raise ConfigError("search.halving and search.experts need the built-in proxy trainer (they pause and "
                           "resume proxies, or read their token probabilities); unset proxy.command / proxy.lookup "
                           "or turn them off")
+    if cfg.search.reuse_sharpen and not cfg.search.reuse_sharpen > 1:
+        raise ConfigError(f"search.reuse_sharpen must be 0 (off) or above 1 (the largest power the earlier "
+                          f"mixture is raised to), not {cfg.search.reuse_sharpen}")
     if cfg.search.reuse and (cfg.search.halving or cfg.search.experts or cfg.search.merge):
         raise ConfigError("search.reuse does not combine with search.halving, search.experts or search.merge yet "
                           "(the earlier run's evidence takes the place of their feature); turn them off")

@@ -425,6 +425,11 @@ class SearchConfig:
     # last two iterations search over it and the new clusters alone; with none new, no search
     # proxy trains (climb/stages/search/virtual.py). "": off.
     reuse: str = ""
+    # Under other clusters, how far the search may sharpen the earlier found mixture: 0 keeps the
+    # component as it was found; G > 1 draws half the component pool's rows with the component
+    # raised to a power gamma (log-uniform in [1, G]) and renormalised, so weight can move onto
+    # its heaviest clusters (climb/stages/search/virtual.py).
+    reuse_sharpen: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -652,7 +657,7 @@ ADDED_FIELDS = {
     "EmbedConfig": ("tune_sample", "store_dtype", "student"),
     "ClusterConfig": ("refit",),
     "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens", "final_kl", "steadiness_boot", "target_prior",
-                     "bounds", "kl_max", "reuse", "finalists"),
+                     "bounds", "kl_max", "reuse", "finalists", "reuse_sharpen"),
     "TargetConfig": ("lm_eval", "lm_eval_include", "contamination", "decontaminate", "weights", "goals"),
     "ExportConfig": ("format", "eod"),
 }

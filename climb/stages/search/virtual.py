@@ -28,7 +28,10 @@ apart, and refuses another tokenizer, target or proxies in both.
    the clusters'), v alone first and the other corners last, duplicates dropped (`expand` gives
    the cluster weights of a). Each is brought inside the bounds (epoch caps, min_weight,
    search.bounds, kl_max: climb/optimize/bounds.py) along its segment to v, which holds them, so
-   it stays a mixture of the component and the new clusters (`toward`).
+   it stays a mixture of the component and the new clusters (`toward`). With
+   `search.reuse_sharpen` = G > 1, every other draw uses the component raised to a power in
+   [1, G] and renormalised (`sharpened`): a frozen component keeps the earlier blend of its own
+   clusters, where refitted clusters may want more weight on its heaviest ones.
 3. The search (climb.stages.search) proposes and picks from that pool alone, as it does from a
    fixed candidate set, over `search.iterations[-2:]` (8 then 4 with the default 8, 8, 8, 4), its
    first round starting with v. The earlier search already chose among the old clusters; what
@@ -163,9 +166,10 @@ def inside(w, space: dict, min_weight: float) -> np.ndarray:
 
 # ----------------------------------------------------------------- the pool over the component basis
 def expand(a, v, new, k: int) -> np.ndarray:
-    """The cluster weights of component coefficients `a` (..., 1 + len(new)): a_0 v + sum_j a_j e_new[j]."""
-    a = np.asarray(a, float)
-    W = a[..., :1] * np.asarray(v, float).reshape(k)
+    """The cluster weights of component coefficients `a` (..., 1 + len(new)): a_0 v + sum_j a_j e_new[j]
+    (`v` one component, or one per row of `a`)."""
+    a, v = np.asarray(a, float), np.asarray(v, float)
+    W = a[..., :1] * (v if v.ndim > 1 else v.reshape(k))
     if len(new):
         W[..., np.asarray(new, int)] += a[..., 1:]
     return W
@@ -174,7 +178,10 @@ def expand(a, v, new, k: int) -> np.ndarray:
 def component_pool(cfg: RunConfig, space: dict, v, new, n: int, seed: int) -> np.ndarray:
     """Up to n distinct mixtures a_0 v + sum_j a_j e_j (j in `new`), each inside the space's bounds
     (`toward`): v alone first, then Dirichlet draws of a around the components' natural shares (v's:
-    the share of the clusters that are not new), in random order, then the other corners."""
+    the share of the clusters that are not new), in random order, then the other corners. With
+    search.reuse_sharpen = G > 1, every other Dirichlet draw takes the component sharpened
+    (`sharpened`, a power drawn log-uniform in [1, G]) in place of v, so the search can also move
+    weight onto the component's heaviest clusters."""
     from climb.optimize.bounds import satisfied
     from climb.optimize.candidates import dedupe, sample_candidates
     search_cfg = cfg.search
@@ -190,8 +197,25 @@ def component_pool(cfg: RunConfig, space: dict, v, new, n: int, seed: int) -> np
     corners = np.eye(m)
     A = np.vstack([corners[:1], A, corners[1:]])
     b = _bounds(space, search_cfg.min_weight)
-    W = toward(expand(A, v, new, k), v, b)
+    W = expand(A, v, new, k)
+    if search_cfg.reuse_sharpen:  # every other draw with the component sharpened (not v alone, not the corners)
+        rows = np.arange(2, len(A) - (m - 1), 2)
+        gammas = np.exp(np.random.default_rng([seed, 1]).uniform(0.0, np.log(search_cfg.reuse_sharpen), len(rows)))
+        W[rows] = expand(A[rows], sharpened(v, gammas, search_cfg.min_weight), new, k)
+    W = toward(W, v, b)
     return dedupe(W[satisfied(W, b)], 1e-3)[:n]
+
+
+def sharpened(v, gammas, min_weight: float = 0.0) -> np.ndarray:
+    """The component raised to each power in `gammas` (rows), renormalised; a cluster that falls
+    below `min_weight` leaves it (the rest renormalised), as a pool mixture would."""
+    v = np.asarray(v, float)
+    P = np.where(v > 0, v, 0.0)[None] ** np.asarray(gammas, float)[:, None]
+    P /= P.sum(1, keepdims=True)
+    if min_weight:
+        P = np.where(P < min_weight, 0.0, P)
+        P /= P.sum(1, keepdims=True)
+    return P
 
 
 def toward(W, v, b, steps: int = 48) -> np.ndarray:
