@@ -197,7 +197,9 @@ def train(seeds: list[int], updates: list[int]) -> None:
 
 # Other reused searches, each measured on one update against the same full searches (its own rule in
 # docs/benchmarks/corpus-updates.md): arm -> (update, extra settings).
-ARMS = {"reused-sharp": (3, ["search.reuse_sharpen=4"])}
+ARMS = {"reused-sharp": (3, ["search.reuse_sharpen=4"]),  # stopped after seed 0 (the pool of d8b2b1b)
+        # the same setting once the component sharpened alone follows v at the head of the pool
+        "reused-sharp-alone": (3, ["search.reuse_sharpen=4"])}
 
 
 def train_arm(arm: str, seeds: list[int]) -> None:

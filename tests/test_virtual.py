@@ -220,6 +220,7 @@ def test_a_sharpened_component_moves_weight_onto_its_heaviest_cluster_and_holds_
     sharp = component_pool(SimpleNamespace(search=SearchConfig(min_weight=0.02, reuse_sharpen=4.0)), space, v, [3],
                            500, seed=0)
     np.testing.assert_allclose(sharp[0], v)
+    np.testing.assert_allclose(sharp[1:4], sharpened(v, np.geomspace(1, 4, 4)[1:], 0.02))  # alone, after v
     assert satisfied(sharp, space["bounds"]).all()
     share = sharp[:, :3] / sharp[:, :3].sum(1, keepdims=True)
     assert share[:, 0].max() > v[0] / v[:3].sum() + 0.1  # some rows lean on cluster 0 more than v does

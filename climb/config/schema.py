@@ -427,8 +427,9 @@ class SearchConfig:
     reuse: str = ""
     # Under other clusters, how far the search may sharpen the earlier found mixture: 0 keeps the
     # component as it was found; G > 1 draws half the component pool's rows with the component
-    # raised to a power gamma (log-uniform in [1, G]) and renormalised, so weight can move onto
-    # its heaviest clusters (climb/stages/search/virtual.py).
+    # raised to a power gamma (log-uniform in [1, G]) and renormalised, and the component sharpened
+    # alone to three powers up to G follows it at the pool's head, so weight can move onto its
+    # heaviest clusters (climb/stages/search/virtual.py).
     reuse_sharpen: float = 0.0
 
 

@@ -64,6 +64,9 @@ NEW_SHARE = 0.5
 # and rows closer than 1e-3 (L1) are duplicates, so a few thousand per dimension cover it.
 POOL_PER_COMPONENT = 2000
 VIRTUAL = "virtual"
+# With search.reuse_sharpen = G: the component sharpened to these many powers in (1, G], alone (no new
+# cluster), follow v at the head of the pool.
+SHARPENED_ALONE = 3
 
 
 # ----------------------------------------------------------------- the component
@@ -180,8 +183,10 @@ def component_pool(cfg: RunConfig, space: dict, v, new, n: int, seed: int) -> np
     (`toward`): v alone first, then Dirichlet draws of a around the components' natural shares (v's:
     the share of the clusters that are not new), in random order, then the other corners. With
     search.reuse_sharpen = G > 1, every other Dirichlet draw takes the component sharpened
-    (`sharpened`, a power drawn log-uniform in [1, G]) in place of v, so the search can also move
-    weight onto the component's heaviest clusters."""
+    (`sharpened`, a power drawn log-uniform in [1, G]) in place of v, and the component sharpened
+    alone to SHARPENED_ALONE powers up to G follows v at the head of the pool (so a first round,
+    which takes the head, measures them), so the search can also move weight onto the component's
+    heaviest clusters."""
     from climb.optimize.bounds import satisfied
     from climb.optimize.candidates import dedupe, sample_candidates
     search_cfg = cfg.search
@@ -202,6 +207,9 @@ def component_pool(cfg: RunConfig, space: dict, v, new, n: int, seed: int) -> np
         rows = np.arange(2, len(A) - (m - 1), 2)
         gammas = np.exp(np.random.default_rng([seed, 1]).uniform(0.0, np.log(search_cfg.reuse_sharpen), len(rows)))
         W[rows] = expand(A[rows], sharpened(v, gammas, search_cfg.min_weight), new, k)
+        # and the component itself sharpened, alone, right after v: a first round measures them
+        alone = sharpened(v, np.geomspace(1.0, search_cfg.reuse_sharpen, SHARPENED_ALONE + 1)[1:], search_cfg.min_weight)
+        W = np.vstack([W[:1], alone, W[1:]])
     W = toward(W, v, b)
     return dedupe(W[satisfied(W, b)], 1e-3)[:n]
 
