@@ -59,15 +59,9 @@ def trend_mean(X, y, P, goal: str) -> tuple[np.ndarray, float]:
     from sklearn.linear_model import RidgeCV
     X, y, P = (np.asarray(a, float) for a in (X, y, P))
     line = RidgeCV(alphas=np.logspace(-4, 2, 13)).fit(X, y)
-    r = y - line.predict(X)
-    D = np.sqrt(((X[:, None] - X[None]) ** 2).sum(-1))
-    h = _kernel_bandwidth(D, r)
-    f = line.predict(P)
-    if h is not None:
-        E = np.sqrt(((P[:, None] - X[None]) ** 2).sum(-1))
-        K = np.exp(-0.5 * ((E / h) ** 2 - (E.min(1, keepdims=True) / h) ** 2))
-        f = f + K @ r / K.sum(1)
-    return np.clip(f, y.min(), y.max()), h or 0.0
+    g, h = neighbours_mean(X, y - line.predict(X), P)
+    f = line.predict(P) + (g if h else 0.0)
+    return np.clip(f, y.min(), y.max()), h
 
 
 def predicted_mean(X, y, P, goal: str, predictor: str = "default", seed: int = 0) -> tuple[np.ndarray, float]:

@@ -30,8 +30,9 @@ apart, and refuses another tokenizer, target or proxies in both.
    search.bounds, kl_max: climb/optimize/bounds.py) along its segment to v, which holds them, so
    it stays a mixture of the component and the new clusters (`toward`). With
    `search.reuse_sharpen` = G > 1, every other draw uses the component raised to a power in
-   [1, G] and renormalised (`sharpened`): a frozen component keeps the earlier blend of its own
-   clusters, where refitted clusters may want more weight on its heaviest ones.
+   [1, G] and renormalised (`sharpened`), and the component sharpened alone to SHARPENED_ALONE
+   powers up to G follows v at the head of the pool: a frozen component keeps the earlier blend
+   of its own clusters, where refitted clusters may want more weight on its heaviest ones.
 3. The search (climb.stages.search) proposes and picks from that pool alone, as it does from a
    fixed candidate set, over `search.iterations[-2:]` (8 then 4 with the default 8, 8, 8, 4), its
    first round starting with v. The earlier search already chose among the old clusters; what
