@@ -358,7 +358,12 @@ class TrackioTracker(Tracker):
         self.run.log({metric_name(k): float(v) for k, v in values.items() if _number(v)})
 
     def end(self, status: str) -> None:
-        self.run.finish()
+        # trackio.finish() also forgets its current run, so its exit hook does not finish it a second
+        # time (which printed "Uploading logs" after everything else a command said)
+        if self.trackio.context_vars.current_run.get() is self.run:
+            self.trackio.finish()
+        else:
+            self.run.finish()
 
 
 def destination(cfg: RunConfig, paths: RunPaths) -> str:
