@@ -197,17 +197,25 @@ def train(seeds: list[int], updates: list[int]) -> None:
 
 # Other reused searches, each measured on one update against the same full searches (its own rule in
 # docs/benchmarks/corpus-updates.md): arm -> (update, extra settings).
-ARMS = {"reused-sharp": (3, ["search.reuse_sharpen=4"]),  # stopped after seed 0 (the pool of d8b2b1b)
+# arm -> (update, extra settings, the arm whose runs of the version before it reuses).
+ARMS = {"reused-sharp": (3, ["search.reuse_sharpen=4"], "reused"),  # stopped after seed 0 (the pool of d8b2b1b)
         # the same setting once the component sharpened alone follows v at the head of the pool
-        "reused-sharp-alone": (3, ["search.reuse_sharpen=4"])}
+        "reused-sharp-alone": (3, ["search.reuse_sharpen=4"], "reused"),
+        # u4 on the chain whose u3 was the sharpened component's (the sequence `sharp`)
+        "reused-after-sharp": (4, [], "reused-sharp-alone")}
+# A sequence judged as a whole: update -> the arm whose runs it reads ("reused" where not named).
+SEQUENCES = {"reused": {}, "sharp": {3: "reused-sharp-alone", 4: "reused-after-sharp"}}
 
 
 def train_arm(arm: str, seeds: list[int]) -> None:
-    """The arm's reused searches on its update, from the same earlier runs as the `reused` arm's."""
-    u, sets = ARMS[arm]
+    """The arm's reused searches on its update, from the earlier runs its entry names."""
+    u, sets, before = ARMS[arm]
     v = u + 1
     for s in seeds:
-        earlier = run_dir("full" if v == 2 else "reused", v - 1, s)
+        earlier = run_dir("full" if v == 2 else before, v - 1, s)
+        if not (earlier / "search" / "manifest.json").exists():
+            print(f"{arm} s{s}: {earlier.name} is not finished yet; skipped", flush=True)
+            continue
         _keep(arm, v, s, _search(arm, v, s, [f'search.reuse="{earlier}"', "search.baselines=[]"] + sets))
 
 
@@ -221,7 +229,9 @@ def _baselines(v: int) -> dict:
     return {}
 
 
-def judge(seeds: list[int], out: str | None, arm: str = "reused") -> dict:
+def judge(seeds: list[int], out: str | None, arm: str = "reused", sequence: str | None = None) -> dict:
+    """Every update's reused runs against the full searches. `arm` names one arm for every update
+    (an arm of one update judges that update alone); `sequence` names the arm per update instead."""
     import numpy as np
 
     from climb.optimize.quality import paired_comparison
@@ -230,8 +240,9 @@ def judge(seeds: list[int], out: str | None, arm: str = "reused") -> dict:
     for u in UPDATES:
         v = u + 1
         rows = []
+        a_u = SEQUENCES[sequence].get(u, "reused") if sequence else arm
         for s in seeds:
-            fr, ff, fk = (record_file(a, v, s) for a in (arm, "full", "kept"))
+            fr, ff, fk = (record_file(a, v, s) for a in (a_u, "full", "kept"))
             if not (fr.exists() and ff.exists()):
                 continue
             r, f = json.loads(fr.read_text()), json.loads(ff.read_text())
@@ -254,7 +265,8 @@ def judge(seeds: list[int], out: str | None, arm: str = "reused") -> dict:
                                                                          "replicates_inherited")},
                    "verdicts": {n: {"diff": x["diff"], "ci95": x["ci95"], "verdict": x["verdict"]}
                                 for n, x in verdicts.items()}}
-            if fk.exists() and len(json.loads(fk.read_text())["objective"]) == len(cs):
+            row["arm"] = a_u
+            if a_u == "reused" and fk.exists() and len(json.loads(fk.read_text())["objective"]) == len(cs):
                 k = json.loads(fk.read_text())
                 vk = [k["objective"][c] for c in cs]
                 row["kept"] = {"found": float(np.mean(vk)), "minus_full": paired_comparison(vk, vf, r["goal"]),
@@ -286,7 +298,8 @@ def judge(seeds: list[int], out: str | None, arm: str = "reused") -> dict:
     checks = {"complete": complete, "compute": den > 0 and num / den <= 0.33,
               "each_update_upper": all(x["upper_below_0.01"] for x in updates.values()),
               "beats_baselines": all_better}
-    obj = {"preset": "demo tech, corpus updates", "arm": arm, "seeds": seeds, "updates": updates,
+    obj = {"preset": "demo tech, corpus updates", "arm": arm, "sequence": sequence,
+           "arms": {f"u{u}": (SEQUENCES[sequence].get(u, "reused") if sequence else arm) for u in UPDATES}, "seeds": seeds, "updates": updates,
            "compute_fraction": num / den if den else None, "checks": checks, "passes": all(checks.values())}
     for name, x in updates.items():
         print(f"{name} ({x['update']}): reused - full {x['d_mean']:+.4f} [{x['ci95'][0]:+.4f}, {x['ci95'][1]:+.4f}] "
@@ -308,6 +321,8 @@ def main(argv=None) -> None:
     ap.add_argument("--updates", type=int, nargs="+", default=list(UPDATES), choices=list(UPDATES))
     ap.add_argument("--arm", default="reused", choices=["reused"] + list(ARMS),
                     help="train / judge: the reused searches of the sequence, or another arm on its update")
+    ap.add_argument("--sequence", default=None, choices=list(SEQUENCES),
+                    help="judge: the sequence whose arm per update is named in SEQUENCES (instead of --arm)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.verb == "prepare":
@@ -315,7 +330,7 @@ def main(argv=None) -> None:
     elif a.verb == "train":
         train(a.seeds, a.updates) if a.arm == "reused" else train_arm(a.arm, a.seeds)
     else:
-        judge(a.seeds, a.json, a.arm)
+        judge(a.seeds, a.json, a.arm, a.sequence)
 
 
 if __name__ == "__main__":
