@@ -378,6 +378,12 @@ def test_keys_unchanged_by_default_and_the_earlier_run_keyed_by_content(earlier,
     from climb.stages.search import key
     cfg, root = earlier
     assert "reuse" not in key_data(SearchConfig()) and "reuse" not in key_data(cfg.search)
+    # reuse_sharpen does nothing without reuse, so it enters no key there whatever its value; with
+    # reuse it enters the key except at 0, what a reused search did before the setting existed.
+    assert "reuse_sharpen" not in key_data(SearchConfig()) and SearchConfig().reuse_sharpen == 4.0
+    assert "reuse_sharpen" not in key_data(SearchConfig(reuse_sharpen=2.0))
+    assert key_data(SearchConfig(reuse="runs/v1"))["reuse_sharpen"] == 4.0
+    assert "reuse_sharpen" not in key_data(SearchConfig(reuse="runs/v1", reuse_sharpen=0.0))
     ep = RunPaths(root)
     assert key(cfg, ep) == json.loads(ep.manifest("search").read_text())["key"]
     moved = tmp_path / "moved"

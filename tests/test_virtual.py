@@ -181,7 +181,7 @@ def test_the_pool_starts_with_the_component_and_holds_every_bound():
     natural = np.array([0.4, 0.3, 0.2, 0.1])
     space = {"natural": natural, "usable": np.ones(4, bool), "max_weight": np.array([1.0, 1.0, 1.0, 0.3])}
     space["bounds"] = from_config({"cluster:0": [0.1, 0.6]}, space, 0.02)
-    cfg = SimpleNamespace(search=SearchConfig(min_weight=0.02))
+    cfg = SimpleNamespace(search=SearchConfig(min_weight=0.02, reuse_sharpen=0.0))  # the component as found
     v = np.array([0.5, 0.3, 0.2, 0.0])
     W = component_pool(cfg, space, v, [3], 500, seed=0)
     np.testing.assert_allclose(W[0], v)
@@ -216,7 +216,7 @@ def test_a_sharpened_component_moves_weight_onto_its_heaviest_cluster_and_holds_
     np.testing.assert_allclose(S[0], v)
     assert S[1, 0] > v[0] and S[2, 0] > S[1, 0] and np.allclose(S.sum(1), 1.0)
     assert ((S == 0) | (S >= 0.02)).all()  # a cluster below the minimum weight leaves
-    plain = component_pool(SimpleNamespace(search=SearchConfig(min_weight=0.02)), space, v, [3], 500, seed=0)
+    plain = component_pool(SimpleNamespace(search=SearchConfig(min_weight=0.02, reuse_sharpen=0.0)), space, v, [3], 500, seed=0)
     sharp = component_pool(SimpleNamespace(search=SearchConfig(min_weight=0.02, reuse_sharpen=4.0)), space, v, [3],
                            500, seed=0)
     np.testing.assert_allclose(sharp[0], v)
@@ -269,13 +269,14 @@ def test_a_removed_shard_renormalises_the_component_and_trains_no_search_proxy(r
 
 
 # ----------------------------------------------------------------- a source added: a new cluster
+@pytest.mark.parametrize("sharpen", [0.0, 4.0], ids=["as found", "sharpened (default)"])
 @pytest.mark.parametrize("landscape", ["good", "useless"])
-def test_an_added_source_searches_the_component_and_its_new_cluster_alone(runs, tmp_path, landscape):
+def test_an_added_source_searches_the_component_and_its_new_cluster_alone(runs, tmp_path, landscape, sharpen):
     from climb.optimize.bounds import satisfied
     from climb.stages import search
     from climb.stages.search.common import run_space
-    from climb.stages.search.virtual import earlier_component
-    cfg, paths = _copy(runs, "v3", tmp_path / "v3")
+    from climb.stages.search.virtual import earlier_component, sharpened
+    cfg, paths = _copy(runs, "v3", tmp_path / "v3", reuse_sharpen=sharpen)
     comp = earlier_component(cfg, paths, runs["v2"][1])
     v, new = np.array(comp["weights"]), comp["new_clusters"]
     assert [_labels(paths)[j] for j in new] == ["space"] and v.sum() == pytest.approx(1.0)
@@ -292,9 +293,16 @@ def test_an_added_source_searches_the_component_and_its_new_cluster_alone(runs, 
     first = {r["mixture_id"]: r for r in recs}["it1-000"]
     np.testing.assert_allclose(first["weights"], v, atol=1e-12)
     rest = [i for i in range(len(v)) if i != j]
-    for r in recs:  # a_0 v + a_j e_j: the old clusters in v's proportions
+    top, gammas = np.argsort(-v)[:2], []  # v's two heaviest clusters, both old
+    for r in recs:  # a_0 v + a_j e_j: the old clusters in v's proportions, or in those of v^gamma (sharpened)
         w = np.array(r["weights"])
-        np.testing.assert_allclose(w[rest] / w[rest].sum(), v[rest] / v[rest].sum(), atol=1e-9)
+        p = w[rest] / w[rest].sum()
+        gamma = 1.0 if not sharpen else np.log(w[top[0]] / w[top[1]]) / np.log(v[top[0]] / v[top[1]])
+        assert 1.0 - 1e-9 <= gamma <= max(sharpen, 1.0) + 1e-9
+        gammas.append(gamma)
+        want = sharpened(v, [gamma], cfg.search.min_weight)[0]
+        np.testing.assert_allclose(p, want[rest] / want[rest].sum(), atol=1e-9)
+    assert (max(gammas) > 1.5) == bool(sharpen)  # the sharpened component alone is measured in the first round
     w = np.array(json.loads(paths.search.mixture.read_text())["weights"])
     assert satisfied(w[None], run_space(cfg, paths)["bounds"] or _caps(cfg, paths))[0]
     if landscape == "good":

@@ -429,8 +429,10 @@ class SearchConfig:
     # component as it was found; G > 1 draws half the component pool's rows with the component
     # raised to a power gamma (log-uniform in [1, G]) and renormalised, and the component sharpened
     # alone to three powers up to G follows it at the pool's head, so weight can move onto its
-    # heaviest clusters (climb/stages/search/virtual.py).
-    reuse_sharpen: float = 0.0
+    # heaviest clusters (climb/stages/search/virtual.py). Default 4: the sequence measured in
+    # docs/benchmarks/corpus-updates.md met its goals with it and not without it. It does nothing
+    # without `reuse`, and enters no key there.
+    reuse_sharpen: float = 4.0
 
 
 @dataclass(frozen=True)
@@ -651,7 +653,9 @@ def to_toml(cfg: RunConfig) -> str:
 
 # Fields added after run folders keyed on their sections: at its default each one does
 # what climb did before it existed, so there it enters no key, and an older run folder's
-# stages keep theirs.
+# stages keep theirs. A field whose default changed since names the value that did what climb
+# did before it (LEGACY), and one that does nothing without another field enters no key where
+# that one is off (INERT_WITHOUT).
 ADDED_FIELDS = {
     "RunConfig": ("dedup", "tokenize"),
     "CorpusConfig": ("source_column",),
@@ -662,6 +666,8 @@ ADDED_FIELDS = {
     "TargetConfig": ("lm_eval", "lm_eval_include", "contamination", "decontaminate", "weights", "goals"),
     "ExportConfig": ("format", "eod"),
 }
+LEGACY = {"SearchConfig": {"reuse_sharpen": 0.0}}
+INERT_WITHOUT = {"SearchConfig": {"reuse_sharpen": "reuse"}}
 
 
 def key_data(section: Any) -> Any:
@@ -670,10 +676,13 @@ def key_data(section: Any) -> Any:
     if not is_dataclass(section):
         return section
     out = {}
-    added = ADDED_FIELDS.get(type(section).__name__, ())
+    name = type(section).__name__
+    added, legacy, inert = ADDED_FIELDS.get(name, ()), LEGACY.get(name, {}), INERT_WITHOUT.get(name, {})
     for f in fields(section):
         v = getattr(section, f.name)
-        if f.name in added and v == _default(f):
+        if f.name in added and v == legacy.get(f.name, _default(f)):
+            continue
+        if f.name in inert and not getattr(section, inert[f.name]):
             continue
         out[f.name] = key_data(v) if is_dataclass(v) else json.loads(json.dumps(dataclasses.asdict(section)[f.name]))
     return out
