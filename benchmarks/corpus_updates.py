@@ -14,6 +14,11 @@ comparison seeds.
 `train --updates 1 2` limits training to the first updates (their runs are judged as they finish:
 `judge` reads the updates whose runs are all there). Each run folder is a copy of its version's
 base (`runs/g52/base_v<n>`), a copy redoing no stage; a killed run resumes when trained again.
+
+`--preset bench` runs the same sequence on the bench corpus (the shared corpus's parts 0-3 read
+where they lie, the demo's code chunks as the new source, the bench preset's task target and
+search; its own rule in docs/benchmarks/corpus-updates.md). Its v1 is the bench preset itself, so
+v1's full search of seed s is steady_pick's bench run of that seed (`runs/g49bench_default_s<s>`).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from pathlib import Path
 
 from common import OFFLINE, ROOT, write_result  # noqa: F401  (ROOT on sys.path first)
 
+from benchmarks import steady_pick
 from benchmarks.steady_pick import _climb, record
 
 G = ROOT / "runs" / "g52"
@@ -34,6 +40,10 @@ CONFIG = "pipelines/demo.toml"
 EVAL_SEEDS = 5
 SEARCH = ["search.experts=0", "search.iterations=[8,8,8,4]", f"search.eval_seeds={EVAL_SEEDS}",
           "search.target_prior=0.5"]
+PRESET = "demo"
+PREFIX = "g52"  # records g52_<arm>_v<n>_s<seed>.json
+MARGIN = 0.01  # each update's reused - full: the upper end of its interval below this
+BASELINES: list[str] = []  # the first full search of a version trains these (the preset's own where empty)
 # version -> (shards, extra settings); each version's base is a copy of the one before.
 VERSIONS = {
     1: (["bbc-0", "bbc-1"], []),
@@ -46,24 +56,61 @@ UPDATES = {1: "a shard added (bbc-2)", 2: "a shard added (bbc-3)", 3: "a new sou
            4: "a shard removed (bbc-1)"}
 
 
+def use(preset: str) -> None:
+    """Point the module at a preset's sequence: the demo's (above) or the bench corpus's."""
+    global G, DATA, CONFIG, SEARCH, PRESET, PREFIX, MARGIN, BASELINES, VERSIONS, UPDATES
+    if preset == "demo":
+        return
+    PRESET, PREFIX, MARGIN = "bench", "g52bench", 0.005
+    G = ROOT / "runs" / "g52bench"
+    DATA = G / "data"
+    CONFIG = steady_pick.PRESETS["bench"]["config"]
+    SEARCH = ["corpus.max_shards=0"]  # the preset's own search (iterations 8, 8, 8, 4; ten comparison seeds)
+    BASELINES = ['search.baselines=["uniform","natural"]']
+    parts = [f"part-0000{i}" for i in range(4)]
+    VERSIONS = {
+        1: (parts[:2], []),  # the bench preset's corpus (corpus.max_shards = 2)
+        2: (parts[:3], []),
+        3: (parts, []),
+        4: (parts + ["code"], ["cluster.refit=true", "TOKENIZER"]),
+        5: ([parts[0]] + parts[2:] + ["code"], ["TOKENIZER"]),
+    }
+    UPDATES = {1: "a shard added (part 2)", 2: "a shard added (part 3)",
+               3: "a new source (the demo's code chunks), clusters fitted again", 4: "a shard removed (part 1)"}
+
+
+def shard_path(name: str) -> Path:
+    """Where a version's shard lies: the shared corpus's parts are read where they are."""
+    if PRESET == "bench" and name.startswith("part-"):
+        from common import CORPUS
+        return CORPUS / f"{name}.parquet"
+    return DATA / "shards" / f"{name}.parquet"
+
+
 def base(v: int) -> Path:
+    if PRESET == "bench" and v == 1:
+        return steady_pick.names("bench")
     return G / f"base_v{v}"
 
 
 def run_dir(arm: str, v: int, seed: int) -> Path:
+    if PRESET == "bench" and v == 1 and arm == "full":
+        return steady_pick.names("bench", seed, "default")
     return G / f"{arm}_v{v}_s{seed}"
 
 
 def record_file(arm: str, v: int, seed: int) -> Path:
-    return RECORDS / f"g52_{arm}_v{v}_s{seed}.json"
+    if PRESET == "bench" and v == 1 and arm == "full":
+        return RECORDS / f"{steady_pick.names('bench', seed, 'default').name}.json"
+    return RECORDS / f"{PREFIX}_{arm}_v{v}_s{seed}.json"
 
 
 def version_sets(v: int) -> list[str]:
     shards, extra = VERSIONS[v]
-    paths = ", ".join(f'"{DATA / "shards" / s}.parquet"' for s in shards)
+    paths = ", ".join(f'"{shard_path(s)}"' for s in shards)
     tok = f'proxy.tokenizer="{base(1) / "tokenize" / "tokenizer.json"}"'
-    return (['corpus.build=""', f"corpus.paths=[{paths}]",
-             f'target.texts=["{DATA / "target" / "tech_heldout.jsonl"}"]']
+    target = [] if PRESET == "bench" else [f'target.texts=["{DATA / "target" / "tech_heldout.jsonl"}"]']
+    return (['corpus.build=""', f"corpus.paths=[{paths}]"] + target
             + [tok if e == "TOKENIZER" else e for e in extra])
 
 
@@ -89,12 +136,15 @@ def prepare() -> None:
         parts = sorted((build / "corpus").glob("*.parquet"))
         tables = [pq.read_table(p) for p in parts]
         for i, t in enumerate(tables):
-            pq.write_table(t.filter(pc.equal(t["source"], "bbc")), shards / f"bbc-{i}.parquet")
+            if PRESET == "demo":
+                pq.write_table(t.filter(pc.equal(t["source"], "bbc")), shards / f"bbc-{i}.parquet")
         import pyarrow as pa
         code = pa.concat_tables([t.filter(pc.equal(t["source"], "code")) for t in tables])
         pq.write_table(code, shards / "code.parquet")
         print(f"shards: {', '.join(f'{p.stem} {pq.read_metadata(p).num_rows}' for p in sorted(shards.glob('*')))}",
               flush=True)
+    if PRESET == "bench" and not (base(1) / "tokenize" / "manifest.json").exists():  # the bench preset's base
+        _climb(["tokenize", "--run", str(base(1))] + steady_pick.common_args("bench"), base(1).with_suffix(".log"))
     for v in VERSIONS:
         b = base(v)
         if (b / "tokenize" / "manifest.json").exists() and (b / "config.toml").exists():
@@ -119,7 +169,7 @@ def _search(arm: str, v: int, seed: int, sets: list[str]) -> Path:
 def _keep(arm: str, v: int, seed: int, run: Path) -> None:
     f = record_file(arm, v, seed)
     if not f.exists():
-        rec = record(run, known_answer=True)
+        rec = record(run, known_answer=PRESET == "demo")
         from benchmarks.variant_pair import search_compute
         from climb.runtime.layout import RunPaths
         # None where the search trained no proxy to choose (a shard removed): nothing spent.
@@ -133,7 +183,7 @@ def _keep(arm: str, v: int, seed: int, run: Path) -> None:
 
 def _baselines_trained(v: int) -> bool:
     return any(json.loads(f.read_text()).get("comparison", {}).get(f"uniform/{c}")
-               for f in RECORDS.glob(f"g52_full_v{v}_s*.json")
+               for f in RECORDS.glob(f"{PREFIX}_full_v{v}_s*.json")
                for c in json.loads(f.read_text())["comparison_seeds"][:1])
 
 
@@ -183,13 +233,16 @@ def _kept(v: int, seed: int) -> None:
 
 def train(seeds: list[int], updates: list[int]) -> None:
     prepare()
-    for s in seeds:  # the chains' start: v1's full search
-        _keep("full", 1, s, _search("full", 1, s, ["search.baselines=[]"]))
+    for s in seeds:  # the chains' start: v1's full search (on the bench, the bench preset's own run)
+        if PRESET == "bench":
+            steady_pick.train("bench", [s], "default")
+        else:
+            _keep("full", 1, s, _search("full", 1, s, ["search.baselines=[]"]))
     for u in updates:
         v = u + 1
         for s in seeds:
             first = not _baselines_trained(v)
-            _keep("full", v, s, _search("full", v, s, [] if first else ["search.baselines=[]"]))
+            _keep("full", v, s, _search("full", v, s, BASELINES if first else ["search.baselines=[]"]))
             earlier = run_dir("full" if v == 2 else "reused", v - 1, s)
             _keep("reused", v, s, _search("reused", v, s, [f'search.reuse="{earlier}"', "search.baselines=[]"]))
             _kept(v, s)
@@ -221,7 +274,7 @@ def train_arm(arm: str, seeds: list[int]) -> None:
 
 # ----------------------------------------------------------------- judge
 def _baselines(v: int) -> dict:
-    for f in sorted(RECORDS.glob(f"g52_full_v{v}_s*.json")):
+    for f in sorted(RECORDS.glob(f"{PREFIX}_full_v{v}_s*.json")):
         rec = json.loads(f.read_text())
         cs = rec["comparison_seeds"]
         if f"uniform/{cs[0]}" in rec["comparison"]:
@@ -293,12 +346,13 @@ def judge(seeds: list[int], out: str | None, arm: str = "reused", sequence: str 
                             "per_seed": rows, "d_mean": float(d.mean()),
                             "ci95": [float(d.mean() - half), float(d.mean() + half)],
                             "ci95_pooled_comparison_seeds": pooled["ci95"], "compute_fraction": cr / cf,
-                            "upper_below_0.01": bool(n > 1 and d.mean() + half < 0.01), "beats_baselines": better}
+                            "margin": MARGIN, "upper_below_margin": bool(n > 1 and d.mean() + half < MARGIN),
+                            "beats_baselines": better}
     complete = len(updates) == len(UPDATES) and all(len(x["seeds"]) >= 3 for x in updates.values())
     checks = {"complete": complete, "compute": den > 0 and num / den <= 0.33,
-              "each_update_upper": all(x["upper_below_0.01"] for x in updates.values()),
+              "each_update_upper": all(x["upper_below_margin"] for x in updates.values()),
               "beats_baselines": all_better}
-    obj = {"preset": "demo tech, corpus updates", "arm": arm, "sequence": sequence,
+    obj = {"preset": "demo tech, corpus updates" if PRESET == "demo" else "bench tasks, corpus updates", "arm": arm, "sequence": sequence,
            "arms": {f"u{u}": (SEQUENCES[sequence].get(u, "reused") if sequence else arm) for u in UPDATES}, "seeds": seeds, "updates": updates,
            "compute_fraction": num / den if den else None, "checks": checks, "passes": all(checks.values())}
     for name, x in updates.items():
@@ -323,8 +377,15 @@ def main(argv=None) -> None:
                     help="train / judge: the reused searches of the sequence, or another arm on its update")
     ap.add_argument("--sequence", default=None, choices=list(SEQUENCES),
                     help="judge: the sequence whose arm per update is named in SEQUENCES (instead of --arm)")
+    ap.add_argument("--preset", default="demo", choices=["demo", "bench"],
+                    help="the demo corpus's sequence, or the bench corpus's (shared data; skipped without it)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    if a.preset == "bench":
+        from common import shared_or_skip
+        if not shared_or_skip("corpus", "the bench corpus-update sequence", "*.parquet"):
+            return
+    use(a.preset)
     if a.verb == "prepare":
         prepare()
     elif a.verb == "train":
