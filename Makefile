@@ -83,8 +83,11 @@ bench-steering: $(STAMP)
 # run against a full search on each update, three search seeds (several hours on 2 cores;
 # run folders runs/g52/ resume where they stopped).
 bench-updates: $(STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/corpus_updates.py train --seeds 0 1 2
-	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/corpus_updates.py judge --seeds 0 1 2 --json benchmarks/results/corpus_updates.json
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/corpus_updates.py train --seeds 0 1 2 3 4
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/corpus_updates.py train --arm reused-sharp-alone --seeds 0 1 2 3 4
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/corpus_updates.py train --arm reused-after-sharp --seeds 0 1 2 3 4
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/corpus_updates.py judge --sequence sharp --seeds 0 1 2 3 4 --json benchmarks/results/corpus_updates_sequence_sharp.json
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/corpus_updates.py judge --seeds 0 1 2 3 4 --json benchmarks/results/corpus_updates.json
 
 # The whole pipeline at 100k, 300k and 1M documents (benchmarks/scale.py; about 25 minutes on
 # 2 cores): builds runs/scale-corpus from ../shared/data first, then results/scale.json.
