@@ -80,8 +80,8 @@ bench-steering: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/steering.py more-seeds --json benchmarks/results/steering_tasks.json
 
 # Corpus updates measured: five versions of the demo corpus, a search reused from the earlier
-# run against a full search on each update, three search seeds (several hours on 2 cores;
-# run folders runs/g52/ resume where they stopped).
+# run against a full search on each update, five search seeds, with the component kept as found
+# and sharpened (several hours on 2 cores; run folders runs/g52/ resume where they stopped).
 bench-updates: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/corpus_updates.py train --seeds 0 1 2 3 4
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/corpus_updates.py train --arm reused-sharp-alone --seeds 0 1 2 3 4

@@ -91,22 +91,22 @@ def shard_path(name: str) -> Path:
     return DATA / "shards" / f"{name}.parquet"
 
 
+def _bench_preset_run(v: int, arm: str = "full") -> bool:
+    """On the bench, v1 is the bench preset itself: its base and full runs are steady_pick's."""
+    return PRESET == "bench" and v == 1 and arm == "full"
+
+
 def base(v: int) -> Path:
-    if PRESET == "bench" and v == 1:
-        return steady_pick.names("bench")
-    return G / f"base_v{v}"
+    return steady_pick.names("bench") if _bench_preset_run(v) else G / f"base_v{v}"
 
 
 def run_dir(arm: str, v: int, seed: int) -> Path:
-    if PRESET == "bench" and v == 1 and arm == "full":
-        return steady_pick.names("bench", seed, "default")
-    return G / f"{arm}_v{v}_s{seed}"
+    return steady_pick.names("bench", seed, "default") if _bench_preset_run(v, arm) else G / f"{arm}_v{v}_s{seed}"
 
 
 def record_file(arm: str, v: int, seed: int) -> Path:
-    if PRESET == "bench" and v == 1 and arm == "full":
-        return RECORDS / f"{steady_pick.names('bench', seed, 'default').name}.json"
-    return RECORDS / f"{PREFIX}_{arm}_v{v}_s{seed}.json"
+    name = run_dir(arm, v, seed).name if _bench_preset_run(v, arm) else f"{PREFIX}_{arm}_v{v}_s{seed}"
+    return RECORDS / f"{name}.json"
 
 
 def version_sets(v: int) -> list[str]:
@@ -356,7 +356,8 @@ def judge(seeds: list[int], out: str | None, arm: str = "reused", sequence: str 
     checks = {"complete": complete, "compute": den > 0 and num / den <= 0.33,
               "each_update_upper": all(x["upper_below_margin"] for x in updates.values()),
               "beats_baselines": all_better}
-    obj = {"preset": "demo tech, corpus updates" if PRESET == "demo" else "bench tasks, corpus updates", "arm": arm, "sequence": sequence,
+    obj = {"preset": "demo tech, corpus updates" if PRESET == "demo" else "bench tasks, corpus updates",
+           "arm": arm, "sequence": sequence,
            "arms": {f"u{u}": (SEQUENCES[sequence].get(u, "reused") if sequence else arm) for u in UPDATES}, "seeds": seeds, "updates": updates,
            "compute_fraction": num / den if den else None, "checks": checks, "passes": all(checks.values())}
     for name, x in updates.items():

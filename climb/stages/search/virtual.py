@@ -29,8 +29,8 @@ apart, and refuses another tokenizer, target or proxies in both.
    the cluster weights of a). Each is brought inside the bounds (epoch caps, min_weight,
    search.bounds, kl_max: climb/optimize/bounds.py) along its segment to v, which holds them, so
    it stays a mixture of the component and the new clusters (`toward`). With
-   `search.reuse_sharpen` = G > 1 (4 by default; 0 keeps the component as found), every other draw uses the component raised to a power in
-   [1, G] and renormalised (`sharpened`), and the component sharpened alone to SHARPENED_ALONE
+   `search.reuse_sharpen` = G > 1 (4 by default; 0 keeps the component as found), every other
+   draw uses the component raised to a power in [1, G] and renormalised (`sharpened`), and the component sharpened alone to SHARPENED_ALONE
    powers up to G follows v at the head of the pool: a frozen component keeps the earlier blend
    of its own clusters, where refitted clusters may want more weight on its heaviest ones.
 3. The search (climb.stages.search) proposes and picks from that pool alone, as it does from a
