@@ -145,6 +145,8 @@ def base_check(preset: str, rec: dict) -> str:
     if not ours:
         return "not trained here"
     theirs = _baselines(preset)
+    if not theirs:
+        return "not checked: no default run of this preset has recorded its baselines yet"
     worst = max(abs(ours[n][s] - theirs[n][str(s)]) for n in ours for s in ours[n])
     return "same base" if worst < 1e-9 else f"DIFFERENT BASE: baselines differ by up to {worst:.2e}"
 
