@@ -15,7 +15,7 @@ export HF_HOME ?= $(CURDIR)/.cache/huggingface
 
 # `make validate`: the larger model on the found mixture, the baselines and search mixtures
 # (the validate stage; the report gains its "Does it transfer?" section).
-.PHONY: install install-gpu demo run validate embed cluster tokenize search export report test bench bench-procs bench-e2e bench-scale bench-steering bench-updates clean
+.PHONY: install install-gpu demo run validate embed cluster tokenize search export report test bench bench-procs bench-e2e bench-scale bench-steering bench-updates bench-long clean
 
 install: $(STAMP)
 
@@ -88,6 +88,12 @@ bench-updates: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/corpus_updates.py train --arm reused-after-sharp --seeds 0 1 2 3 4
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/corpus_updates.py judge --sequence sharp --seeds 0 1 2 3 4 --json benchmarks/results/corpus_updates_sequence_sharp.json
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/corpus_updates.py judge --seeds 0 1 2 3 4 --json benchmarks/results/corpus_updates.json
+
+# The bench preset's long measurements (the steady answer's sixteen searches, then the corpus
+# updates' chains: days of one core) as a queue that goes on where it stopped when started again;
+# `python benchmarks/plan_queue.py status benchmarks/plans/bench_long.plan` says what is where.
+bench-long: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/plan_queue.py run benchmarks/plans/bench_long.plan --lanes 2
 
 # The whole pipeline at 100k, 300k and 1M documents (benchmarks/scale.py; about 25 minutes on
 # 2 cores): builds runs/scale-corpus from ../shared/data first, then results/scale.json.
