@@ -162,6 +162,10 @@ RULES = {
     # The mean of the four measured mixtures the predictor rates best (each once): an average over
     # the measured near-best instead of the one proxy that measured luckiest.
     "measured-mean4": {"search.final": "measured-predicted", "search.final_top_k": 4},
+    # The measured mixture the predictor rates best when it takes each measurement to carry at least
+    # the run's measured seed noise (search.final_noise = "measured"): where the seeds move a proxy
+    # as much as the mixtures do, the predictor smooths over the luck instead of reproducing it.
+    "measured-denoised": {"search.final": "measured-predicted", "search.final_noise": "measured"},
 }
 
 
@@ -193,9 +197,10 @@ def _space(preset: str, cfg) -> dict:
 
 def replay_pick(preset: str, rec: dict, rule: str, arm: str = "default") -> dict:
     """The pick `rule` makes on the recorded run's results (the trajectory is the record's)."""
-    from climb.stages.search.common import final_mixture
+    from climb.stages.search.common import final_mixture, replicate_noise
     cfg = run_config(preset, rec["search_seed"], rule, arm)
-    pick = final_mixture(cfg, _space(preset, cfg), rec["swarm"])
+    pick = final_mixture(cfg, _space(preset, cfg), rec["swarm"],
+                         noise=replicate_noise(rec["quality"].get("replicates") or {}))
     return {"weights": pick["weights"], "predicted": pick["predicted"], "steadiness": pick.get("steadiness")}
 
 

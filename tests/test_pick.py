@@ -222,3 +222,64 @@ def test_the_measured_top_k_mean_stays_among_the_measured_and_inside_the_bounds(
     w = final_pick(X, y, "minimize", pool, four, 0, bounds=(caps, min_weight))["weights"]
     assert within(w, caps, min_weight)
     assert np.isclose(w.sum(), 1.0)
+
+
+def test_a_noise_floor_keeps_the_gp_from_reproducing_each_measurement():
+    """With a few dozen results in several dimensions the evidence alone can settle on no noise and
+    interpolate every measurement; a floor at the measured seed noise makes the GP smooth over it."""
+    from climb.optimize.gp import GPPredictor
+    X, y = _swarm(0.03, seed=7, n=28, k=8)
+    free = GPPredictor(seed=0).fit(X, y)
+    floor = GPPredictor(seed=0, noise_floor=0.03).fit(X, y)
+    assert np.sqrt(floor.sn) * floor.ys >= 0.03 * (1 - 1e-6)
+    assert np.sqrt(np.mean((floor.predict(X) - y) ** 2)) > 0.5 * 0.03
+    # a floor of 0 is the evidence alone, bit for bit
+    same = GPPredictor(seed=0, noise_floor=0.0).fit(X, y)
+    assert np.array_equal(same.predict(X), free.predict(X))
+
+
+def test_the_pick_by_a_denoised_predictor_chases_noise_less_than_the_best_measured():
+    """A planted swarm whose seed noise is as large as its spread: over many draws the measured
+    mixture the floored GP rates best is truly better, on average, than the one measured best."""
+    seen, denoised, differ = [], [], 0
+    for seed in range(24):
+        rng = np.random.default_rng(100 + seed)
+        X = rng.dirichlet(np.ones(6), 28)
+        f = _bowl(X, np.full(6, 1 / 6))
+        noise = float(np.std(f))
+        y = f + rng.normal(0, noise, len(f))
+        a = pick_weights(X, y, "minimize", X, Strategy(predictor="gp", final="seen"), None)
+        st = Strategy(predictor="gp", final="measured-predicted", final_noise=noise)
+        from climb.optimize.strategy import _fit
+        b = pick_weights(X, y, "minimize", X, st, _fit(st, X, y, 0, noise))
+        ia, ib = (int(np.argmin(np.abs(X - w).sum(1))) for w in (a, b))
+        seen.append(f[ia])
+        denoised.append(f[ib])
+        differ += ia != ib
+    assert differ >= 6
+    assert np.mean(denoised) < np.mean(seen)
+
+
+@pytest.mark.parametrize("sets, said", [
+    (['search.final_noise="smoothed"'], "fitted.*measured"),
+    (['search.final_noise="measured"', "search.replicates=0"], "search.replicates >= 2"),
+])
+def test_bad_final_noise_is_refused_at_load(sets, said):
+    from climb.config import ConfigError, load_config
+    with pytest.raises(ConfigError, match=said):
+        load_config(None, sets)
+
+
+def test_a_measured_noise_pick_without_a_measurement_is_refused():
+    from climb.io.files import InputError
+    from climb.config import load_config
+    from climb.stages.search.common import final_mixture
+    cfg = load_config(None, ['search.final="measured-predicted"', 'search.final_noise="measured"'])
+    X, y = _swarm(0.01)
+    space = {"usable": np.ones(6, bool), "max_weight": np.ones(6), "natural": np.full(6, 1 / 6)}
+    results = [{"mixture_id": f"it0-{i:03d}", "iteration": 0, "status": "ok", "weights": w.tolist(), "objective": float(v)}
+               for i, (w, v) in enumerate(zip(X, y))]
+    with pytest.raises(InputError, match="replicates"):
+        final_mixture(cfg, space, results, pool=X)
+    got = final_mixture(cfg, space, results, pool=X, noise=0.01)
+    assert any(np.allclose(got["weights"], w) for w in X)

@@ -52,13 +52,22 @@ def outputs(paths: RunPaths) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """(cfg, the undisturbed run's paths, its outputs)."""
+    return _finished(tmp_path_factory.mktemp("resume"))
+
+
+@pytest.fixture(scope="module")
+def noisy(tmp_path_factory):
+    """The same search on a bowl whose proxies carry seed noise (sd 0.02), so replicates measure it."""
+    return _finished(tmp_path_factory.mktemp("noisy"), " x 0.02")
+
+
+def _finished(tmp, extra: str = ""):
     from conftest import FakeModel, vocab_docs, write_parquet_shards
-    tmp = tmp_path_factory.mktemp("resume")
     write_parquet_shards(tmp / "corpus", vocab_docs(60), 2)
     cfg = load_config(None, [
         f'corpus.paths=["{tmp}/corpus/*.parquet"]', "cluster.k=4", "cluster.niter=10",
         "proxy.vocab_size=320", "proxy.seq_len=16", "proxy.tokenizer_docs=100",
-        f'proxy.command="{sys.executable} {HELPER} {{weights}} {{out}}"',
+        f'proxy.command="{sys.executable} {HELPER} {{weights}} {{out}}{extra}"',
         'target.objective=["loss"]', 'target.goal="minimize"', 'target.texts=["x"]',
         f"search.iterations={list(ITERATIONS)}", "search.pool_size=2000", "search.min_weight=0.0",
         "search.epoch_cap=100.0", "search.replicates=2", "search.replicate_seeds=1", "search.eval_seeds=2"])
@@ -177,18 +186,23 @@ def test_noise_figures_are_computed_in_mixture_order():
     assert differ  # the unsorted figure does change with the order: the check above can fail
 
 
-def test_a_replayed_final_rule_picks_what_a_search_run_with_it_does(finished, tmp_path):
+@pytest.mark.parametrize("rule", [{"final": "predicted", "final_top_k": 16},
+                                  {"final": "measured-predicted", "final_noise": "measured"}])
+def test_a_replayed_final_rule_picks_what_a_search_run_with_it_does(finished, noisy, tmp_path, rule):
     """The final rule does not steer the trajectory, so replaying it on a finished search's results
-    (as benchmarks/steady_pick.py does) gives the pick a search run with that rule makes."""
+    (as benchmarks/steady_pick.py does, the measured noise read from the run's quality.json) gives
+    the pick a search run with that rule makes."""
     from dataclasses import replace
 
     import numpy as np
 
-    from climb.stages.search.common import final_mixture, mixture_space
-    cfg, ref, want = finished
-    other = replace(cfg, search=replace(cfg.search, final="predicted", final_top_k=16))
+    from climb.stages.search.common import final_mixture, mixture_space, replicate_noise
+    cfg, ref, want = noisy if "final_noise" in rule else finished
+    other = replace(cfg, search=replace(cfg.search, **rule))
     space = mixture_space(other, tokenize.cluster_tokens(ref))
-    replayed = final_mixture(other, space, search.read_results(ref))
+    noise = replicate_noise(want["quality.json"]["replicates"])
+    assert noise is not None and (noise > 0.005 if "final_noise" in rule else noise < 1e-3)
+    replayed = final_mixture(other, space, search.read_results(ref), noise=noise)
     paths = RunPaths(tmp_path / "run")
     shutil.copytree(ref.root, paths.root)
     for f in paths.search.dir.iterdir():  # a fresh search folder: the rule's own run from scratch
@@ -198,4 +212,5 @@ def test_a_replayed_final_rule_picks_what_a_search_run_with_it_does(finished, tm
     got = json.loads(paths.search.mixture.read_text())
     assert [r["mixture_id"] for r in search.read_results(paths)] == [r["mixture_id"] for r in search.read_results(ref)]
     np.testing.assert_array_equal(got["weights"], replayed["weights"])
-    assert not np.allclose(got["weights"], want["mixture.json"]["weights"])  # another rule, another pick
+    if rule["final"] == "predicted":
+        assert not np.allclose(got["weights"], want["mixture.json"]["weights"])  # another rule, another pick

@@ -126,6 +126,12 @@ def check_config(cfg: RunConfig) -> None:
     if not cfg.search.concentrations or not all(c > 0 for c in cfg.search.concentrations):
         raise ConfigError("search.concentrations must be a non-empty list of positive Dirichlet concentrations, "
                           f"e.g. [0.1, 0.3, 1.0]; got {list(cfg.search.concentrations)}")
+    if cfg.search.final_noise not in ("fitted", "measured"):
+        raise ConfigError(f"search.final_noise is \"fitted\" or \"measured\", got {cfg.search.final_noise!r}")
+    if cfg.search.final_noise == "measured" and (cfg.search.replicates < 2 or cfg.search.replicate_seeds < 1):
+        raise ConfigError("search.final_noise = \"measured\" reads the seed noise off the run's replicates: it needs "
+                          f"search.replicates >= 2 and search.replicate_seeds >= 1 (got {cfg.search.replicates} and "
+                          f"{cfg.search.replicate_seeds})")
     if cfg.search.finalists and not 0 < cfg.search.finalists <= cfg.search.iterations[-1]:
         raise ConfigError(f"search.finalists trains the last iteration's {cfg.search.iterations[-1]} proxies on that "
                           f"many measured mixtures again, so it is 0 (off) or between 1 and "

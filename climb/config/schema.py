@@ -362,6 +362,12 @@ class SearchConfig:
     # With final = "predicted": the pick pays final_kl * KL(w || natural) in the objective's units
     # (Olmix's kl_reg), so it strays from the natural mixture only for a predicted gain. 0: off.
     final_kl: float = 0.0
+    # The noise the final pick's predictor allows each measurement: "fitted" (its evidence alone
+    # decides, and with a few dozen results it can settle on none, so the predictor reproduces each
+    # measurement, luck included) or "measured" (at least the run's seed noise, measured on its
+    # replicates: the predictor smooths over what the seeds alone would move). Used with
+    # final = "measured-predicted" or "predicted".
+    final_noise: str = "fitted"
     # How steady the pick is: the pick made again on this many bootstrap resamples of the
     # run's results (search/quality.json's `pick_sd`, climb/optimize/pick.py); with it, the
     # posterior regret and the simulated re-runs (`rerun_sd`). 0: all three off.
@@ -662,7 +668,7 @@ ADDED_FIELDS = {
     "EmbedConfig": ("tune_sample", "store_dtype", "student"),
     "ClusterConfig": ("refit",),
     "SearchConfig": ("base", "merge", "merge_pool", "merge_tokens", "final_kl", "steadiness_boot", "target_prior",
-                     "bounds", "kl_max", "reuse", "finalists", "reuse_sharpen"),
+                     "bounds", "kl_max", "reuse", "finalists", "reuse_sharpen", "final_noise"),
     "TargetConfig": ("lm_eval", "lm_eval_include", "contamination", "decontaminate", "weights", "goals"),
     "ExportConfig": ("format", "eod"),
 }

@@ -48,8 +48,12 @@ class GPPredictor:
     """
 
     def __init__(self, kernel: str = "matern52", eps: float = LOG_EPS, ls_prior: float = 1.0, linear: bool = False,
-                 restarts: int = 1, seed: int = 0, name: str = "gp"):
+                 restarts: int = 1, seed: int = 0, name: str = "gp", noise_floor: float = 0.0):
         self.kernel, self.eps, self.restarts, self.seed, self.name = kernel, eps, restarts, seed, name
+        # noise_floor: the least noise sd (in y's units) a measurement is taken to carry, e.g. a
+        # search's measured seed noise; 0 leaves the noise to the evidence alone, which with a few
+        # dozen results in many dimensions can settle on none and interpolate every measurement.
+        self.noise_floor = float(noise_floor)
         # ls_prior: precision of a log-normal prior on each lengthscale around sqrt(d); with 16-112
         # results and 17+ lengthscales, pure evidence maximisation overfits (see --select).
         self.ls_prior, self.linear = ls_prior, linear
@@ -101,14 +105,18 @@ class GPPredictor:
         self.ym, self.ys = y.mean(), (y.std() or 1.0)
         yz = (y - self.ym) / self.ys
         n, d = F.shape
-        bounds = [(np.log(1e-2), np.log(1e3))] * d + [(np.log(1e-3), np.log(1e2)), (np.log(1e-6), 0.0)]
+        low = np.log(1e-6)
+        if self.noise_floor > 0:  # the noise variance in standardised units, at least the floor's
+            low = min(max(low, 2 * np.log(self.noise_floor / self.ys)), 0.0)
+        bounds = [(np.log(1e-2), np.log(1e3))] * d + [(np.log(1e-3), np.log(1e2)), (low, 0.0)]
         bounds += [(np.log(1e-6), np.log(1e2))] if self.linear else []
         lo, hi = np.array(bounds).T
         rng = np.random.default_rng(self.seed)
         best = None
         with blas_one_thread():
             for r in range(self.restarts):
-                th0 = np.r_[np.full(d, np.log(np.sqrt(d))), 0.0, np.log(1e-2), [np.log(0.1)] if self.linear else []]
+                th0 = np.r_[np.full(d, np.log(np.sqrt(d))), 0.0, max(np.log(1e-2), low),
+                            [np.log(0.1)] if self.linear else []]
                 if r:
                     th0 = np.clip(th0 + rng.normal(0, 1, th0.size), lo, hi)
                 res = minimize(self._nll, th0, args=(F, yz), jac=True, method="L-BFGS-B", bounds=bounds,

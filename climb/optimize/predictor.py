@@ -136,8 +136,8 @@ class BlendPredictor:
         return np.asarray(sum(parts), float)
 
 
-def _registry(seed: int) -> dict:
-    gp = lambda: GPPredictor(seed=seed)  # noqa: E731
+def _registry(seed: int, noise_floor: float = 0.0) -> dict:
+    gp = lambda: GPPredictor(seed=seed, noise_floor=noise_floor)  # noqa: E731
     lgbm = lambda: LightGBMPredictor(seed=seed)  # noqa: E731
     # The default's trees keep the library's min_child_samples=20, as when it was selected
     # (`predictor_regmix.py --select`); scaled, they took weight from the GP at 16 runs and ranked worse.
@@ -154,8 +154,10 @@ def _registry(seed: int) -> dict:
 PREDICTORS = tuple(_registry(0))
 
 
-def make_predictor(name: str = "default", seed: int = 0) -> Predictor:
-    reg = _registry(seed)
+def make_predictor(name: str = "default", seed: int = 0, noise_floor: float = 0.0) -> Predictor:
+    """`noise_floor` > 0: the Gaussian process (alone or in the blend) takes every measurement to carry
+    at least this noise sd, in the metric's units; the other predictors ignore it."""
+    reg = _registry(seed, noise_floor)
     if name not in reg:
         raise ValueError(f"unknown predictor {name!r}; choose one of: {', '.join(reg)}")
     return reg[name]()

@@ -55,6 +55,9 @@ class Strategy:
     final_top_k: int = 1
     # The predicted pick pays final_kl * KL(w || natural): 0, none.
     final_kl: float = 0.0
+    # The final pick's predictor takes every measurement to carry at least this noise sd (the
+    # run's measured seed noise with search.final_noise = "measured"): 0, the evidence decides.
+    final_noise: float = 0.0
     # Proposals keep at least this L1 distance from each other and from measured mixtures.
     min_l1: float = 0.05
     # The last iteration only feeds the final pick: measure the best predicted, no exploration.
@@ -87,8 +90,8 @@ def row_index(rows: np.ndarray, pool: np.ndarray, tol: float = 1e-9) -> np.ndarr
     return np.where(d <= tol, i, -1)
 
 
-def _fit(strategy: Strategy, X, y, seed: int):
-    model = make_predictor(strategy.predictor, seed=seed)
+def _fit(strategy: Strategy, X, y, seed: int, noise_floor: float = 0.0):
+    model = make_predictor(strategy.predictor, seed=seed, noise_floor=noise_floor)
     if strategy.prior is not None:
         model = ExpertPrior(model, strategy.prior)
     return model.fit(np.asarray(X, float), np.asarray(y, float))
@@ -208,14 +211,15 @@ def final_pick(X_seen, y_seen, goal: str, pool: np.ndarray, strategy: Strategy, 
     regret the predictor's posterior still allows the pick (climb.optimize.pick.posterior_regret).
     """
     X_seen, y_seen = np.asarray(X_seen, float), np.asarray(y_seen, float)
-    model = _fit(strategy, X_seen, y_seen, seed)
+    model = _fit(strategy, X_seen, y_seen, seed, strategy.final_noise)
     w = pick_weights(X_seen, y_seen, goal, pool, strategy, model, bounds, natural)
     w = w / w.sum()
     out = {"weights": w, "predicted": float(model.predict(w[None])[0]), "predictor": model.name}
     if steadiness:
         from climb.optimize.pick import steadiness as boot
         out["steadiness"] = boot(
-            lambda Xb, yb: pick_weights(Xb, yb, goal, pool, strategy, _fit(strategy, Xb, yb, seed), bounds, natural),
+            lambda Xb, yb: pick_weights(Xb, yb, goal, pool, strategy, _fit(strategy, Xb, yb, seed, strategy.final_noise),
+                                        bounds, natural),
             X_seen, y_seen, goal, model.predict, n_boot=steadiness, seed=seed)
         from climb.optimize.pick import posterior_regret
         out["steadiness"].update(posterior_regret(model, X_seen, y_seen, w, pool, goal, seed=seed))

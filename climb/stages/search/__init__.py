@@ -62,8 +62,8 @@ from climb.runtime.targets import target_files
 from climb.stages.search.cheap import (experts_feature, experts_skill, halving, merged_feature, record_merge_scoring,
                                        shared_base)
 from climb.stages.search.common import (append, source_bounds, candidate_pool, final_mixture, fixed_candidates, mixture_space,
-                                        ok_sorted, pool_size, proxy_task, read_results, rerun_figure, run_proxies,
-                                        search_bounds)
+                                        ok_sorted, pool_size, proxy_task, read_results, replicate_noise, rerun_figure,
+                                        run_proxies, search_bounds)
 from climb.stages.search.compare import compare, comparison_table, one_shot, replicates
 from climb.stages.search.reuse import CONFIRMATION, confirm, evidence_key
 from climb.stages.search import finalists, reuse, virtual
@@ -231,7 +231,7 @@ def _search(cfg: RunConfig, paths: RunPaths, ex) -> dict:
         results_log.require_successes(results, 2)
         final = final_mixture(cfg, space, results, prior=reused["pick_prior"],
                               pool=reused["pool"](pool_size(cfg), search_cfg.seed + 99_991)
-                              if "pool" in reused else None)
+                              if "pool" in reused else None, noise=replicate_noise(reps))
     if fin is not None:
         best, rows = finalists.pick(cfg, fin)
         w = np.where(space["usable"], best["weights"], 0.0)

@@ -244,13 +244,30 @@ def rerun_figure(cfg: RunConfig, space: dict, results: list[dict], noise: float 
                         noise or 0.0, truth=truth)
 
 
+def replicate_noise(table: dict) -> float | None:
+    """The noise sd one measurement carries by the run's replicates (`{mixture: {seed: value}}`): the
+    larger of the seed sd and the paired sd (`climb.optimize.quality.noise`). Two mixtures on three
+    seeds leave the paired sd two degrees of freedom and the seed sd four, so the larger of the two
+    is the floor that errs toward smoothing; None where the replicates cannot tell."""
+    from climb.optimize.quality import noise
+    rows = [[row[s] for s in sorted(row, key=str)] for _, row in sorted(table.items())]
+    if len(rows) < 2 or len({len(r) for r in rows}) != 1 or any(v is None for r in rows for v in r):
+        return None
+    n = noise(rows)
+    got = [v for v in (n["seed_sd"], n["paired_sd"]) if v is not None]
+    return max(got) if got else None
+
+
 def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | None = None,
-                  source: str = "search/results.jsonl", prior=None, pool: np.ndarray | None = None) -> dict:
+                  source: str = "search/results.jsonl", prior=None, pool: np.ndarray | None = None,
+                  noise: float | None = None) -> dict:
     """The mixture the results point to, by `search.final` (or `rule`, e.g. "predicted"), among the
     measured mixtures and the unmeasured candidates `pool` (None: `final_pool`).
 
     A pick among measured mixtures ("seen", "measured-predicted") is among proxies trained to
-    the end: one stopped at a rung (search.halving) holds a predicted final value only."""
+    the end: one stopped at a rung (search.halving) holds a predicted final value only.
+    `noise`: the run's measured noise (`replicate_noise`), which `search.final_noise = "measured"`
+    makes the least noise the pick's predictor allows each measurement."""
     from dataclasses import replace as dc_replace
 
     from climb.optimize.strategy import final_pick, from_search_config
@@ -266,6 +283,11 @@ def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | 
     strategy = dc_replace(from_search_config(search_cfg), prior=prior)
     if rule is not None:
         strategy = dc_replace(strategy, final=rule, final_top_k=1)
+    elif search_cfg.final_noise == "measured":
+        if not noise:
+            raise InputError("search.final_noise = \"measured\" needs the run's measured seed noise, and its "
+                             "replicates gave none (search.replicates >= 2 and search.replicate_seeds >= 1 measure it)")
+        strategy = dc_replace(strategy, final_noise=float(noise))
     bounds = space.get("bounds")
     pick = final_pick(X, y, cfg.target.goal, pool, strategy, search_cfg.seed,
                       bounds=bounds if bounds is not None else (space["max_weight"], search_cfg.min_weight),

@@ -40,7 +40,7 @@ from climb.io.files import read_json, write_json
 from climb.optimize.multi import aggregate, aggregate_pick, best_per_metric, fit_metrics, predict_metrics
 from climb.runtime.layout import RunPaths
 from climb.runtime.targets import objective
-from climb.stages.search.common import final_mixture, final_pool, ok_sorted, read_results
+from climb.stages.search.common import final_mixture, final_pool, ok_sorted, read_results, replicate_noise
 
 log = logging.getLogger(__name__)
 # What a re-pick may change: the objective. [executor] and [track] say how proxies run and are logged.
@@ -109,6 +109,23 @@ def rescored(results: list[dict], cfg: RunConfig, where: str) -> list[dict]:
     return out
 
 
+def rescored_noise(cfg: RunConfig, paths: RunPaths, ok: list[dict]) -> float | None:
+    """The run's replicate noise under cfg's objective (`replicate_noise`): its replicate proxies and
+    the search's own proxies of those mixtures, rescored; None where it kept no replicates."""
+    f = paths.search.replicates
+    if cfg.search.final_noise != "measured" or not f.exists():
+        return None
+    # keyed "<mixture>/<seed>"; the record's own id names the seed too
+    reps = [{**r, "mixture_id": k.split("/")[0]} for k, r in read_json(f).items() if r.get("status") == "ok"]
+    own = {r["mixture_id"]: r for r in ok}
+    table: dict = {}
+    for r in rescored(reps, cfg, str(f)) if reps else []:
+        if r["mixture_id"] in own:
+            table.setdefault(r["mixture_id"], {cfg.search.seed: own[r["mixture_id"]]["objective"]})[r["seed"]] = \
+                r["objective"]
+    return replicate_noise(table)
+
+
 def run_space(cfg: RunConfig, paths: RunPaths) -> dict:
     """The run's mixture space as its search saw it, with its bounds (search.bounds, search.kl_max:
     a re-pick holds them as the search's pick did) and its target affinity read back, not recomputed."""
@@ -149,7 +166,7 @@ def repick(run_cfg: RunConfig, cfg: RunConfig, paths: RunPaths, train: bool = Fa
     ok = rescored(read_results(paths), cfg, str(paths.search.results))
     space = run_space(cfg, paths)
     try:
-        pick = final_mixture(cfg, space, ok, source=str(paths.search.results))
+        pick = final_mixture(cfg, space, ok, source=str(paths.search.results), noise=rescored_noise(cfg, paths, ok))
     except RuntimeError as e:
         raise InputError(str(e)) from None
     goals = {m: metric_goal(m, cfg.target) for m in dict.fromkeys(cfg.target.objective)}
