@@ -283,3 +283,26 @@ def test_a_measured_noise_pick_without_a_measurement_is_refused():
         final_mixture(cfg, space, results, pool=X)
     got = final_mixture(cfg, space, results, pool=X, noise=0.01)
     assert any(np.allclose(got["weights"], w) for w in X)
+
+
+def test_a_repick_reads_the_replicate_noise_under_its_own_objective(tmp_path):
+    """repick.rescored_noise: the run's replicates and its own proxies of those mixtures, rescored
+    under the re-pick's objective, give the noise `replicate_noise` reads off the same table."""
+    import json
+    from types import SimpleNamespace
+
+    from climb.config import load_config
+    from climb.stages.search.common import replicate_noise
+    from climb.stages.search.repick import rescored_noise
+    cfg = load_config(None, ['search.final="measured-predicted"', 'search.final_noise="measured"',
+                             'target.objective=["a"]', "search.seed=0"])
+    vals = {("it0-000", 0): 2.00, ("it0-000", 1): 2.03, ("it0-000", 2): 1.98,
+            ("it0-001", 0): 2.10, ("it0-001", 1): 2.09, ("it0-001", 2): 2.16}
+    rec = lambda m, s: {"mixture_id": f"{m}-seed{s}", "seed": s, "status": "ok", "iteration": 0,  # noqa: E731
+                        "weights": [0.5, 0.5], "metrics": {"a": vals[m, s], "b": 0.0}, "objective": 9.9}
+    f = tmp_path / "replicates.json"
+    f.write_text(json.dumps({f"{m}/{s}": rec(m, s) for m, s in vals if s}))
+    own = [{"mixture_id": m, "objective": vals[m, 0]} for m in ("it0-000", "it0-001")]
+    got = rescored_noise(cfg, SimpleNamespace(search=SimpleNamespace(replicates=f)), own)
+    want = replicate_noise({m: {s: vals[m, s] for s in range(3)} for m in ("it0-000", "it0-001")})
+    assert got == pytest.approx(want) and got > 0.01
