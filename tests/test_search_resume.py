@@ -214,3 +214,5 @@ def test_a_replayed_final_rule_picks_what_a_search_run_with_it_does(finished, no
     np.testing.assert_array_equal(got["weights"], replayed["weights"])
     if rule["final"] == "predicted":
         assert not np.allclose(got["weights"], want["mixture.json"]["weights"])  # another rule, another pick
+    else:  # the floor the run used is the one the replay read off its replicates
+        assert got["noise_floor"] == pytest.approx(noise) and "noise_floor" not in want["mixture.json"]

@@ -298,6 +298,12 @@ def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | 
     best_seen = ok[int(np.argmin(goal_sign(cfg.target.goal) * y))]
     out = {"weights": w.tolist(), "predicted": pick["predicted"], "predictor": pick["predictor"],
            "best_seen": {"mixture_id": best_seen["mixture_id"], "objective": best_seen["objective"]}}
+    if strategy.final_noise:  # search.final_noise = "measured": the least noise the pick's predictor allowed
+        out["noise_floor"] = strategy.final_noise
+        log.info("final pick: the predictor allows each measurement at least the measured seed noise %.4f; "
+                 "it rates %s best (measured best: %s %.4f)", strategy.final_noise,
+                 "a measured mixture" if strategy.final == "measured-predicted" else "a mixture",
+                 best_seen["mixture_id"], best_seen["objective"])
     if "steadiness" in pick:
         st = pick["steadiness"]
         out["steadiness"] = {k: v for k, v in st.items() if k != "picks"}
