@@ -283,6 +283,8 @@ def test_a_measured_noise_pick_without_a_measurement_is_refused():
         final_mixture(cfg, space, results, pool=X)
     got = final_mixture(cfg, space, results, pool=X, noise=0.01)
     assert any(np.allclose(got["weights"], w) for w in X)
+    # a trainer the seed does not move measures no noise: the pick goes on, with no floor
+    assert "noise_floor" not in final_mixture(cfg, space, results, pool=X, noise=0.0)
 
 
 def test_a_repick_reads_the_replicate_noise_under_its_own_objective(tmp_path):

@@ -284,7 +284,7 @@ def final_mixture(cfg: RunConfig, space: dict, results: list[dict], rule: str | 
     if rule is not None:
         strategy = dc_replace(strategy, final=rule, final_top_k=1)
     elif search_cfg.final_noise == "measured":
-        if not noise:
+        if noise is None:  # 0 is a measurement (a trainer the seed does not move): the evidence alone then
             raise InputError("search.final_noise = \"measured\" needs the run's measured seed noise, and its "
                              "replicates gave none (search.replicates >= 2 and search.replicate_seeds >= 1 measure it)")
         strategy = dc_replace(strategy, final_noise=float(noise))
