@@ -320,6 +320,20 @@ def simulated(preset: str, seeds: list[int], arm: str, samples: int = 2, runs: i
     return obj
 
 
+def _keep_replay(kept: Path, name: str, entry: dict) -> None:
+    """Write one replayed pick into the arm's replay file, merged under a lock with what is there:
+    two replays of one arm (one rule each) may run side by side without losing each other's proxies."""
+    import fcntl
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    with open(kept.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        have = json.loads(kept.read_text()) if kept.exists() else {}
+        have[name] = entry
+        tmp = kept.with_suffix(".tmp")
+        write_result(tmp, have, indent=1)
+        tmp.replace(kept)
+
+
 def replay(preset: str, seeds: list[int], rules: list[str], arm: str = "default") -> None:
     """Each rule's pick on each recorded run of `arm`, trained on the comparison seeds in the base
     folder (kept proxy by proxy in benchmarks/results/records/g49<preset>[_<arm>]_replays.json, so
@@ -352,16 +366,14 @@ def replay(preset: str, seeds: list[int], rules: list[str], arm: str = "default"
 
                 def got(i, r, entry=entry, todo=todo, name=name):  # kept proxy by proxy: a kill loses one
                     entry["objective"][str(todo[i])] = r["objective"]
-                    have[name] = entry
-                    write_result(kept, have, indent=1)
+                    _keep_replay(kept, name, entry)
                 with make_executor(cfg.executor, 1) as ex:
                     run_proxies(cfg, ex, tasks, f"replay {name}", got)
             if "cluster_held_out_share" in rec:
                 entry["held_out_share"] = float(sum(w * c for w, c in zip(pick["weights"],
                                                                           rec["cluster_held_out_share"])))
             entry["same_as_run"] = same
-            have[name] = entry
-            write_result(kept, have, indent=1)
+            _keep_replay(kept, name, entry)
             print(f"{name}: {sum(entry['objective'].values()) / len(entry['objective']):.4f}"
                   f"{' (the run pick)' if same else ''}", flush=True)
 
