@@ -413,6 +413,25 @@ def spread(records: list[dict]) -> dict:
             "pick_sd": [(r["quality"].get("steadiness") or {}).get("pick_sd") for r in records]}
 
 
+def between_sd(V) -> dict:
+    """The sd of the found mixtures' own objective across search seeds, the comparison's noise taken
+    out: a seed x comparison-seed table's variance components (every run shares the comparison
+    seeds, so their common effect cancels). `estimate` is sqrt(var(row means) - residual / E), 0
+    where the noise explains it all; `lower95` bounds it from below (the row means' variance at its
+    chi-square lower bound, less the noise's point estimate); `noise` is the sd a row mean carries."""
+    import numpy as np
+    from scipy.stats import chi2
+    V = np.asarray(V, float)
+    S, E = V.shape
+    res = V - V.mean(1, keepdims=True) - V.mean(0, keepdims=True) + V.mean()
+    noise_var = float((res ** 2).sum() / ((S - 1) * (E - 1)) / E)
+    var_means = float(V.mean(1).var(ddof=1))
+    lower = (S - 1) * var_means / float(chi2.ppf(0.975, S - 1)) - noise_var
+    return {"estimate": float(np.sqrt(max(var_means - noise_var, 0.0))),
+            "lower95": float(np.sqrt(max(lower, 0.0))), "noise": float(np.sqrt(noise_var)),
+            "raw": float(np.sqrt(var_means)), "comparison_seeds": E}
+
+
 def decompose(preset: str, seeds: list[int], rules: list[str], out: str | None) -> dict:
     """The seed-to-seed spread of the found objective: the measurement's own noise (split halves of
     the comparison seeds), the pick (the rules' spread on one trajectory) and the region (the
@@ -484,7 +503,7 @@ def judge(preset: str, seeds: list[int], arm: str, out: str | None, rule: str = 
     limits = {"tech": (0.006, 0.003), "bench": (0.0025, 0.002), "sport": (None, 0.005)}[preset]
     base = _baselines(preset)
     replays = json.loads(replays_file(preset, arm).read_text()) if rule != "seen" else {}
-    rows, ours, theirs, cu, cd, own = [], [], [], [], [], []
+    rows, ours, theirs, cu, cd, own, mats = [], [], [], [], [], [], []
     for s in seeds:
         a, d = (RECORDS / f"g49{preset}_{arm}_s{s}.json"), (RECORDS / f"g49{preset}_default_s{s}.json")
         if not (a.exists() and d.exists()):
@@ -506,6 +525,7 @@ def judge(preset: str, seeds: list[int], arm: str, out: str | None, rule: str = 
                      "verdicts": {n: {"diff": v["diff"], "ci95": v["ci95"], "verdict": v["verdict"]}
                                   for n, v in verdicts.items()}})
         ours.append(rows[-1]["found"])
+        mats.append(vals)
         theirs.append(rd["score"])
         cu.append(ra["search_compute"]["token_params"])
         cd.append(rd["search_compute"]["token_params"])
@@ -523,7 +543,8 @@ def judge(preset: str, seeds: list[int], arm: str, out: str | None, rule: str = 
               "share": not shares or min(shares) >= 0.6, "beats_baselines": better, "compute": fraction <= 1.1}
     obj = {"preset": preset, "arm": arm, "rule": rule, "seeds": [r["seed"] for r in rows], "per_seed": rows,
            "sd": sd, "minus_default": diff["diff"], "ci95": diff["ci95"], "compute_fraction": fraction,
-           "default_sd": float(np.std(theirs, ddof=1)), "checks": checks, "passes": all(checks.values())}
+           "default_sd": float(np.std(theirs, ddof=1)), "checks": checks, "passes": all(checks.values()),
+           "between_sd": between_sd(mats)}
     if own:  # the same trajectories with the arm's own pick, for what the rule changed
         mine = paired_comparison(ours, own, goal)
         obj["minus_arm_seen"] = {"diff": mine["diff"], "ci95": mine["ci95"], "sd_seen": float(np.std(own, ddof=1))}

@@ -1,0 +1,54 @@
+"""The steady-answer benchmark's own statistics: the found mixtures' spread with the comparison's
+noise taken out, and replays of one arm written side by side without losing each other's proxies."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.steady_pick import _keep_replay, between_sd
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _table(rng, between, noise, seeds=8, evals=10):
+    """Found objectives on shared comparison seeds: a search seed's own effect, a comparison seed's
+    effect common to every run, and each proxy's noise."""
+    return (rng.normal(0, between, (seeds, 1)) + rng.normal(0, 0.01, (1, evals))
+            + rng.normal(0, noise, (seeds, evals)))
+
+
+def test_between_sd_recovers_a_planted_spread_under_noise_larger_than_it():
+    rng = np.random.default_rng(0)
+    est, raw, covered = [], [], 0
+    for _ in range(600):
+        b = between_sd(_table(rng, 0.003, 0.013))
+        est.append(b["estimate"] ** 2)
+        raw.append(b["raw"] ** 2)
+        covered += b["lower95"] <= 0.003
+    # The raw sd carries the noise of a ten-seed mean (0.013 / sqrt(10) = 0.0041): larger than the spread.
+    assert np.sqrt(np.mean(raw)) > 0.0045
+    assert abs(np.sqrt(np.mean(est)) - 0.003) < 0.0006
+    assert covered / 600 >= 0.93
+
+
+def test_between_sd_is_zero_for_a_table_of_noise_alone_and_reads_a_quiet_spread_exactly():
+    rng = np.random.default_rng(1)
+    zero = [between_sd(_table(rng, 0.0, 0.013))["estimate"] for _ in range(200)]
+    assert np.median(zero) < 0.001
+    quiet = between_sd(_table(rng, 0.01, 1e-6))
+    assert abs(quiet["estimate"] - quiet["raw"]) < 1e-5 and quiet["noise"] < 1e-5
+
+
+def test_two_replays_of_one_arm_written_at_once_keep_every_entry(tmp_path):
+    f = tmp_path / "replays.json"
+    code = ("import sys; from pathlib import Path; from benchmarks.steady_pick import _keep_replay\n"
+            "for i in range(40): _keep_replay(Path(sys.argv[1]), f'{sys.argv[2]}/s{i}', {'i': i})\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(f), who], cwd=REPO) for who in ("a", "b")]
+    assert all(p.wait() == 0 for p in procs)
+    got = json.loads(f.read_text())
+    assert len(got) == 80 and got["a/s39"] == {"i": 39} and got["b/s0"] == {"i": 0}
+    _keep_replay(f, "a/s0", {"i": -1})  # a later write of one entry replaces it and keeps the rest
+    got = json.loads(f.read_text())
+    assert len(got) == 80 and got["a/s0"] == {"i": -1}
