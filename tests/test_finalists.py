@@ -144,3 +144,34 @@ def test_bad_finalists_are_refused_at_load(sets, said):
     from climb.config import ConfigError, load_config
     with pytest.raises(ConfigError, match=said):
         load_config(None, sets)
+
+
+def test_a_search_with_finalists_keeps_no_rerun_figure_and_the_report_says_why(base, tmp_path):
+    """The simulated re-runs model rounds of new mixtures and the pick, not finalists measured again
+    (they read 0.29 x the measured spread of tech's target-final arm): no figure, no warning from it,
+    where the same search without finalists keeps one."""
+    from climb import pipeline
+    from climb.stages import search
+    for finalists, where in ((2, "with"), (0, "without")):
+        cfg, paths = _copy(base, tmp_path / where, steadiness_boot=4, finalists=finalists)
+        search.run(cfg, paths)
+        st = json.loads(paths.search.quality.read_text())["steadiness"]
+        if finalists:
+            assert "rerun_sd" not in st and st["rerun_skipped"] == "finalists"
+            assert not any("move with the search seed" in w
+                           for w in json.loads(paths.search.quality.read_text())["warnings"])
+            pipeline.run_stage("report", cfg, paths.root)
+            text = paths.report.page.read_text()
+            assert "not simulated for a search whose last iteration measures its finalists again" in text
+        else:
+            assert st["rerun_sd"] > 0 and "rerun_skipped" not in st
+
+
+def test_the_report_says_when_every_simulated_search_found_the_same_mixture():
+    """A rerun figure of 0 means the eight simulated searches agreed, not that the answer cannot move."""
+    from climb.stages.report import quality_lines
+    q = {"steadiness": {"rerun_sd": 0.0, "rerun_range": [1.5, 1.5], "rerun_runs": 8}}
+    assert "every simulated search found the same mixture" in quality_lines(q)
+    q["steadiness"].update(rerun_sd=0.004, rerun_range=[1.49, 1.5])
+    text = quality_lines(q)
+    assert "sd 0.0040" in text and "same mixture" not in text

@@ -213,7 +213,13 @@ def quality_lines(q: dict) -> str:
     if st.get("rerun_sd") is not None:
         lines.append(f"- how far another search seed's answer may fall: this search simulated {st['rerun_runs']} times "
                      f"with other seeds on what its own proxies measured finds answers with sd {st['rerun_sd']:.4f} "
-                     f"(range {st['rerun_range'][0]:.4f} - {st['rerun_range'][1]:.4f})")
+                     f"(range {st['rerun_range'][0]:.4f} - {st['rerun_range'][1]:.4f})"
+                     + ("; every simulated search found the same mixture, and one run's figure is itself a draw "
+                        "(docs/trust.md)" if st["rerun_sd"] == 0 else ""))
+    elif st.get("rerun_skipped") == "finalists":
+        lines.append("- how far another search seed's answer may fall: not simulated for a search whose last iteration "
+                     "measures its finalists again (search.finalists; docs/trust.md gives what its seed-to-seed "
+                     "spread measured)")
     elif st.get("rerun_skipped"):
         lines.append(f"- how far another search seed's answer may fall: not simulated for a search steered by the "
                      f"{st['rerun_skipped']} (docs/trust.md gives what its seed-to-seed spread measured)")
