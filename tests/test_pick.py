@@ -308,3 +308,17 @@ def test_a_repick_reads_the_replicate_noise_under_its_own_objective(tmp_path):
     got = rescored_noise(cfg, SimpleNamespace(search=SimpleNamespace(replicates=f)), own)
     want = replicate_noise({m: {s: vals[m, s] for s in range(3)} for m in ("it0-000", "it0-001")})
     assert got == pytest.approx(want) and got > 0.01
+
+
+def test_the_report_says_when_every_simulated_search_found_the_same_mixture():
+    """A rerun figure of 0 means the eight simulated searches agreed, not that the answer cannot move."""
+    from climb.stages.report import quality_lines, summary_table
+    q = {"steadiness": {"rerun_sd": 0.0, "rerun_range": [1.5, 1.5], "rerun_runs": 8}}
+    summary = {"target": {"name": "t", "goal": "minimize"}, "results": {"climb": 1.5, "uniform": 1.6},
+               "steadiness": q["steadiness"]}
+    assert "every simulated search found the same mixture" in quality_lines(q)
+    assert "every simulation found this mixture" in summary_table(summary)
+    q["steadiness"].update(rerun_sd=0.004, rerun_range=[1.49, 1.5])
+    text, table = quality_lines(q), summary_table(summary)
+    assert "sd 0.0040" in text and "same mixture" not in text
+    assert "sd 0.0040 over another search seed" in table and "every simulation" not in table

@@ -178,7 +178,9 @@ def summary_table(summary: dict) -> str:
     rerun = (summary.get("steadiness") or {}).get("rerun_sd")
     if rerun is not None and "climb" in res:
         lines.append(f"\nclimb {res['climb']:.4f}, sd {rerun:.4f} over another search seed (the run's own estimate: "
-                     "its search simulated again on what it measured)")
+                     "its search simulated again on what it measured"
+                     + ("; every simulation found this mixture, and one run's estimate is itself a draw)"
+                        if rerun == 0 else ")"))
     return "\n".join(lines)
 
 
