@@ -554,11 +554,59 @@ def judge(preset: str, seeds: list[int], arm: str, out: str | None, rule: str = 
     return obj
 
 
+def pooled(preset: str, seeds: list[int], arms: list[str], rules: list[str], out: str | None) -> dict:
+    """What every recorded run's proxies say together: a ridge line in the weights (penalty by
+    cross-validation) fitted to the swarms of all the other runs (every arm given, same base), used
+    to forecast each run's found mixture, the picks `rules` would make on its trajectory, and the
+    best of its own measured mixtures by that line. A diagnostic of where the spread comes from
+    (the pick among measured mixtures, or the region they cover), read from the records alone; a
+    forecast, not a measurement: the replays' comparison proxies decide."""
+    import numpy as np
+    from sklearn.linear_model import RidgeCV
+
+    def swarm(rec):
+        ok = [r for r in rec["swarm"] if r["status"] == "ok"]
+        return np.array([r["weights"] for r in ok]), np.array([r["objective"] for r in ok])
+
+    recs = {(a, s): json.loads(f.read_text()) for a in arms for s in seeds
+            if (f := RECORDS / f"g49{preset}_{a}_s{s}.json").exists()}
+    rows = []
+    for key, rec in recs.items():
+        others = [swarm(r) for k, r in recs.items() if k != key]
+        line = RidgeCV(alphas=np.logspace(-5, 2, 15)).fit(np.vstack([x for x, _ in others]),
+                                                          np.concatenate([y for _, y in others]))
+        X, y = swarm(rec)
+        at = lambda w: float(line.predict(np.asarray(w, float)[None])[0])  # noqa: E731
+        row = {"arm": key[0], "seed": key[1], "found": rec["score"], "own": at(rec["mixtures"]["weights"]),
+               "best_measured_by_line": float(line.predict(X).min() if rec["goal"] == "minimize"
+                                              else line.predict(X).max()),
+               "swarm_residual_sd": float(np.std(line.predict(X) - y, ddof=1))}
+        row.update({r: at(replay_pick(preset, rec, r, key[0])["weights"]) for r in rules})
+        rows.append(row)
+        print(f"{key[0]} s{key[1]}: found {row['found']:.4f}, forecast own {row['own']:.4f}, "
+              + ", ".join(f"{r} {row[r]:.4f}" for r in rules)
+              + f", best measured by the line {row['best_measured_by_line']:.4f}", flush=True)
+    found, own = np.array([r["found"] for r in rows]), np.array([r["own"] for r in rows])
+    summary = {"corr_found_forecast": float(np.corrcoef(found, own)[0, 1]),
+               "swarm_residual_sd": float(np.sqrt(np.mean([r["swarm_residual_sd"] ** 2 for r in rows])))}
+    for a in arms:
+        mine = [r for r in rows if r["arm"] == a]
+        summary[a] = {n: {"mean": float(np.mean([r[n] for r in mine])), "sd": float(np.std([r[n] for r in mine], ddof=1))}
+                      for n in ["found", "own", *rules, "best_measured_by_line"]}
+    obj = {"preset": preset, "arms": arms, "seeds": seeds, "rules": rules, "per_run": rows, **summary}
+    print(json.dumps({k: v for k, v in obj.items() if k != "per_run"}, indent=1))
+    if out:
+        write_result(out, obj)
+    return obj
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("verb", choices=["train", "replay", "decompose", "spread", "judge", "figure",
-                                         "simulated"])
+                                         "simulated", "pooled"])
     ap.add_argument("--arm", choices=list(ARMS), default="default", help="train / replay / judge / figure: which search")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=["default", "target-last"],
+                    help="pooled: the arms whose runs are read together")
     ap.add_argument("--records", default="g49{preset}_default_s{seed}",
                     help="spread: the record names, e.g. g32tech_default_s{seed} for issue 32's runs")
     ap.add_argument("--preset", choices=list(PRESETS), default="tech")
@@ -577,6 +625,8 @@ def main(argv=None) -> None:
         judge(a.preset, a.seeds, a.arm, a.json, a.rule)
     elif a.verb == "figure":
         figure(a.preset, a.seeds, a.arm, a.json)
+    elif a.verb == "pooled":
+        pooled(a.preset, a.seeds, a.arms, a.rules, a.json)
     elif a.verb == "simulated":
         simulated(a.preset, a.seeds, a.arm, out=a.json, truth=a.truth)
     elif a.verb == "spread":
