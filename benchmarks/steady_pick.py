@@ -600,13 +600,56 @@ def pooled(preset: str, seeds: list[int], arms: list[str], rules: list[str], out
     return obj
 
 
+def line_searches(preset: str, seeds: list[int], arms: list[str], noises: list[float], runs: int = 12,
+                  out: str | None = None) -> dict:
+    """Searches simulated on the line every recorded run's proxies fit together (`pooled`): the truth
+    a ridge line fitted to all the recorded swarms of `arms`, each simulated search drawing its own
+    pool as a run does and measuring with proxy noise of each sd in `noises` (the bench's own is
+    about 0.014). The sd of the picks' true values over `runs` simulated seeds says how steady a
+    search of this size could be if proxies were that quiet; a screen, not a measurement."""
+    import numpy as np
+    from dataclasses import replace as dc_replace
+    from sklearn.linear_model import RidgeCV
+
+    from climb.optimize.strategy import from_search_config, simulate
+    from climb.stages.search.common import candidate_pool
+    recs = [json.loads(f.read_text()) for a in arms for s in seeds
+            if (f := RECORDS / f"g49{preset}_{a}_s{s}.json").exists()]
+    X = np.vstack([[r["weights"] for r in rec["swarm"] if r["status"] == "ok"] for rec in recs])
+    y = np.concatenate([[r["objective"] for r in rec["swarm"] if r["status"] == "ok"] for rec in recs])
+    line = RidgeCV(alphas=np.logspace(-5, 2, 15)).fit(X, y)
+    goal = recs[0]["goal"]
+    table = {}
+    for arm in arms:
+        cfg = run_config(preset, seeds[0], arm=arm)
+        space = _space(preset, cfg)
+        for noise in noises:
+            for final in ("seen", "measured-predicted"):
+                strategy = dc_replace(from_search_config(cfg.search), final=final)
+                vals = []
+                for j in range(runs):
+                    P = candidate_pool(cfg, space, 1000, 100 + j)
+                    f = line.predict(P)
+                    vals.append(float(f[simulate(P, f, goal, cfg.search.iterations, strategy, seed=j, noise=noise)["pick"]]))
+                table[f"{arm}/{noise:g}/{final}"] = {"mean": float(np.mean(vals)), "sd": float(np.std(vals, ddof=1))}
+                print(f"{arm:12s} noise {noise:<7g} {final:19s} mean {np.mean(vals):.4f} sd {np.std(vals, ddof=1):.4f}",
+                      flush=True)
+    obj = {"preset": preset, "arms": arms, "seeds": seeds, "runs": runs, "records": len(recs), "proxies": int(len(y)),
+           "line_coef": line.coef_.tolist(), "table": table}
+    if out:
+        write_result(out, obj)
+    return obj
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("verb", choices=["train", "replay", "decompose", "spread", "judge", "figure",
-                                         "simulated", "pooled"])
+                                         "simulated", "pooled", "line-searches"])
     ap.add_argument("--arm", choices=list(ARMS), default="default", help="train / replay / judge / figure: which search")
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=["default", "target-last"],
-                    help="pooled: the arms whose runs are read together")
+                    help="pooled, line-searches: the arms whose runs are read together")
+    ap.add_argument("--noises", type=float, nargs="+", default=[0.0137, 0.0068, 0.0034, 0.0],
+                    help="line-searches: the proxy noise sds to simulate")
     ap.add_argument("--records", default="g49{preset}_default_s{seed}",
                     help="spread: the record names, e.g. g32tech_default_s{seed} for issue 32's runs")
     ap.add_argument("--preset", choices=list(PRESETS), default="tech")
@@ -625,6 +668,8 @@ def main(argv=None) -> None:
         judge(a.preset, a.seeds, a.arm, a.json, a.rule)
     elif a.verb == "figure":
         figure(a.preset, a.seeds, a.arm, a.json)
+    elif a.verb == "line-searches":
+        line_searches(a.preset, a.seeds, a.arms, a.noises, out=a.json)
     elif a.verb == "pooled":
         pooled(a.preset, a.seeds, a.arms, a.rules, a.json)
     elif a.verb == "simulated":
