@@ -16,6 +16,11 @@ trajectory later, in another session, from the record alone:
     # the spread of the found objective split into measurement, pick and region
     python benchmarks/steady_pick.py decompose --preset tech --seeds 20 ... 29 --json benchmarks/results/steady_decompose_tech.json
 
+    # every recorded run read together: a ridge line fitted on the other runs' swarms forecasts each
+    # run's found mixture and replayed picks; searches simulated on that line at several proxy noises
+    python benchmarks/steady_pick.py pooled --preset bench --seeds 20 ... 27 --rules measured-denoised
+    python benchmarks/steady_pick.py line-searches --preset bench --seeds 20 ... 27
+
 Runs are `runs/g49<preset>_default_s<seed>`, the base `runs/g49<preset>_base`, records
 `benchmarks/results/records/g49<preset>_default_s<seed>.json`. The comparison uses ten
 seeds (`search.eval_seeds = 10`), so that the measurement's own noise can be read off by
