@@ -404,8 +404,7 @@ def spread(records: list[dict]) -> dict:
     cs = records[0]["comparison_seeds"]
     V = np.array([[r["comparison"][f"climb/{c}"]["objective"] for c in cs] for r in records])
     S, E = V.shape
-    res = V - V.mean(1, keepdims=True) - V.mean(0, keepdims=True) + V.mean()
-    meas_sd = float(np.sqrt((res ** 2).sum() / ((S - 1) * (E - 1)) / E))
+    meas_sd = between_sd(V)["noise"]
     F = V.mean(1)
     best = np.array([r["mixtures"]["best_seen"]["objective"] for r in records])
     share = [r["held_out_share"]["climb"] for r in records if "held_out_share" in r]
@@ -559,6 +558,13 @@ def judge(preset: str, seeds: list[int], arm: str, out: str | None, rule: str = 
     return obj
 
 
+def _swarm(rec: dict):
+    """A record's finished proxies: their weights and objectives as arrays."""
+    import numpy as np
+    ok = [r for r in rec["swarm"] if r["status"] == "ok"]
+    return np.array([r["weights"] for r in ok]), np.array([r["objective"] for r in ok])
+
+
 def pooled(preset: str, seeds: list[int], arms: list[str], rules: list[str], out: str | None) -> dict:
     """What every recorded run's proxies say together: a ridge line in the weights (penalty by
     cross-validation) fitted to the swarms of all the other runs (every arm given, same base), used
@@ -569,18 +575,14 @@ def pooled(preset: str, seeds: list[int], arms: list[str], rules: list[str], out
     import numpy as np
     from sklearn.linear_model import RidgeCV
 
-    def swarm(rec):
-        ok = [r for r in rec["swarm"] if r["status"] == "ok"]
-        return np.array([r["weights"] for r in ok]), np.array([r["objective"] for r in ok])
-
     recs = {(a, s): json.loads(f.read_text()) for a in arms for s in seeds
             if (f := RECORDS / f"g49{preset}_{a}_s{s}.json").exists()}
     rows = []
     for key, rec in recs.items():
-        others = [swarm(r) for k, r in recs.items() if k != key]
+        others = [_swarm(r) for k, r in recs.items() if k != key]
         line = RidgeCV(alphas=np.logspace(-5, 2, 15)).fit(np.vstack([x for x, _ in others]),
                                                           np.concatenate([y for _, y in others]))
-        X, y = swarm(rec)
+        X, y = _swarm(rec)
         at = lambda w: float(line.predict(np.asarray(w, float)[None])[0])  # noqa: E731
         row = {"arm": key[0], "seed": key[1], "found": rec["score"], "own": at(rec["mixtures"]["weights"]),
                "best_measured_by_line": float(line.predict(X).min() if rec["goal"] == "minimize"
@@ -620,8 +622,8 @@ def line_searches(preset: str, seeds: list[int], arms: list[str], noises: list[f
     from climb.stages.search.common import candidate_pool
     recs = [json.loads(f.read_text()) for a in arms for s in seeds
             if (f := RECORDS / f"g49{preset}_{a}_s{s}.json").exists()]
-    X = np.vstack([[r["weights"] for r in rec["swarm"] if r["status"] == "ok"] for rec in recs])
-    y = np.concatenate([[r["objective"] for r in rec["swarm"] if r["status"] == "ok"] for rec in recs])
+    X = np.vstack([_swarm(rec)[0] for rec in recs])
+    y = np.concatenate([_swarm(rec)[1] for rec in recs])
     line = RidgeCV(alphas=np.logspace(-5, 2, 15)).fit(X, y)
     goal = recs[0]["goal"]
     table = {}

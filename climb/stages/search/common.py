@@ -230,9 +230,9 @@ def rerun_figure(cfg: RunConfig, space: dict, results: list[dict], noise: float 
                  truth: str = "trend", prior=None) -> dict | None:
     """How far another search seed's answer may fall (climb.optimize.rerun.rerun_spread): the
     run's search simulated on what its measured mixtures say (a trend in the weights and their
-    neighbourhood around it), with its paired seed noise `noise`. `prior`: the feature the run's predictor fits a line in first (the
-    experts' ensemble loss, the merged models'), which every simulated search then uses as the run
-    did. None with fewer than four finished proxies."""
+    neighbourhood around it), with its paired seed noise `noise`. `prior`: the feature the run's
+    predictor fits a line in first (the experts' ensemble loss, the merged models'), which every
+    simulated search then uses as the run did. None with fewer than four finished proxies."""
     from dataclasses import replace as dc_replace
 
     from climb.optimize.rerun import rerun_spread
