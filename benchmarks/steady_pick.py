@@ -436,6 +436,61 @@ def between_sd(V) -> dict:
             "raw": float(np.sqrt(var_means)), "comparison_seeds": E}
 
 
+def term_noise(tables: dict, coefs: dict) -> dict:
+    """Which of the objective's terms carries its seed noise. `tables[term][m, e]`: term's value
+    for mixture m on comparison seed e (every mixture on the same seeds); `coefs[term]`: its
+    coefficient in the objective (a linear combination). Each table's mixture x seed residual (the
+    seed's common effect and the mixture's own level taken out) is the noise that does not cancel
+    between mixtures sharing a seed; a term's `share` is coef * cov(its residual, the objective's)
+    / var(the objective's), so the shares sum to 1. `signal_sd` is the sd of the mixtures' means."""
+    import numpy as np
+    res, out = {}, {}
+    for t, V in tables.items():
+        V = np.asarray(V, float)
+        res[t] = V - V.mean(1, keepdims=True) - V.mean(0, keepdims=True) + V.mean()
+    obj = sum(coefs[t] * res[t] for t in tables)
+    S, E = obj.shape
+    dof = (S - 1) * (E - 1)
+    var_obj = float((obj ** 2).sum() / dof)
+    for t, V in tables.items():
+        V = np.asarray(V, float)
+        out[t] = {"coef": coefs[t], "noise_sd": float(np.sqrt((res[t] ** 2).sum() / dof)),
+                  "share": float(coefs[t] * (res[t] * obj).sum() / dof / var_obj),
+                  "signal_sd": float(V.mean(1).std(ddof=1))}
+    names = list(tables)
+    corr = {f"{a} ~ {b}": float(np.corrcoef(res[a].ravel(), res[b].ravel())[0, 1])
+            for i, a in enumerate(names) for b in names[i + 1:]}
+    return {"mixtures": S, "comparison_seeds": E, "objective_noise_sd": float(np.sqrt(var_obj)),
+            "terms": out, "residual_corr": corr}
+
+
+def term_noise_preset(preset: str, out: str | None) -> dict:
+    """`term_noise` on every mixture a preset's records trained on all ten comparison seeds (each
+    run's found mixture, and uniform and natural once)."""
+    from climb.config import load_config
+    from climb.config.objective import coefficients
+    cfg = load_config(REPO / PRESETS[preset]["config"])
+    terms = list(cfg.target.objective)
+    coefs = dict(coefficients(cfg.target) or [(t, 1.0 / len(terms)) for t in terms])
+    tables, names, seeds = {t: [] for t in terms}, [], None
+    for f in sorted(RECORDS.glob(f"g49{preset}_*_s*.json")):
+        rec = json.loads(f.read_text())
+        seeds = seeds or rec["comparison_seeds"]
+        if rec["comparison_seeds"] != seeds:
+            continue
+        for n in ("climb", "uniform", "natural"):
+            if not all(f"{n}/{c}" in rec["comparison"] for c in seeds) or (n != "climb" and n in names):
+                continue
+            names.append(n if n != "climb" else f.stem)
+            for t in terms:
+                tables[t].append([rec["comparison"][f"{n}/{c}"]["metrics"][t] for c in seeds])
+    obj = {"preset": preset, "mixtures_read": names, **term_noise(tables, coefs)}
+    print(json.dumps({k: v for k, v in obj.items() if k != "mixtures_read"}, indent=1))
+    if out:
+        write_result(out, obj)
+    return obj
+
+
 def decompose(preset: str, seeds: list[int], rules: list[str], out: str | None) -> dict:
     """The seed-to-seed spread of the found objective: the measurement's own noise (split halves of
     the comparison seeds), the pick (the rules' spread on one trajectory) and the region (the
@@ -651,7 +706,7 @@ def line_searches(preset: str, seeds: list[int], arms: list[str], noises: list[f
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("verb", choices=["train", "replay", "decompose", "spread", "judge", "figure",
-                                         "simulated", "pooled", "line-searches"])
+                                         "simulated", "pooled", "line-searches", "term-noise"])
     ap.add_argument("--arm", choices=list(ARMS), default="default", help="train / replay / judge / figure: which search")
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=["default", "target-last"],
                     help="pooled, line-searches: the arms whose runs are read together")
@@ -688,6 +743,8 @@ def main(argv=None) -> None:
         print(json.dumps(obj, indent=1))
         if a.json:
             write_result(a.json, obj)
+    elif a.verb == "term-noise":
+        term_noise_preset(a.preset, a.json)
     elif a.verb == "replay":
         replay(a.preset, a.seeds, a.rules, a.arm)
     else:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.steady_pick import _keep_replay, between_sd
+from benchmarks.steady_pick import _keep_replay, between_sd, term_noise
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,3 +52,30 @@ def test_two_replays_of_one_arm_written_at_once_keep_every_entry(tmp_path):
     _keep_replay(f, "a/s0", {"i": -1})  # a later write of one entry replaces it and keeps the rest
     got = json.loads(f.read_text())
     assert len(got) == 80 and got["a/s0"] == {"i": -1}
+
+
+def test_the_noisy_term_carries_the_objective_noise_and_the_shares_sum_to_one():
+    rng = np.random.default_rng(3)
+    M, E = 18, 10
+    level = rng.normal(0, 0.02, (M, 1))  # each mixture's own level, common to the terms
+    common = rng.normal(0, 0.01, (M, E))  # a model-level seed effect every term reads
+    seed = rng.normal(0, 0.01, (1, E))  # a comparison seed's effect on every mixture
+    tables = {"quiet": level + seed + common + rng.normal(0, 0.002, (M, E)),
+              "loud": level + seed + common + rng.normal(0, 0.04, (M, E))}
+    got = term_noise(tables, {"quiet": 0.5, "loud": 0.5})
+    shares = {t: v["share"] for t, v in got["terms"].items()}
+    assert abs(sum(shares.values()) - 1) < 1e-9
+    assert shares["loud"] > 0.8 > 0.2 > shares["quiet"]
+    assert got["terms"]["loud"]["noise_sd"] > 3 * got["terms"]["quiet"]["noise_sd"]
+    # The objective's residual is the coefficients' combination of the terms' residuals.
+    both = term_noise({"x": 0.5 * tables["quiet"] + 0.5 * tables["loud"]}, {"x": 1.0})
+    assert abs(both["objective_noise_sd"] - got["objective_noise_sd"]) < 1e-12
+    # Noise common to both terms shows as their residual correlation.
+    assert got["residual_corr"]["quiet ~ loud"] > 0
+
+
+def test_a_term_with_a_negative_coefficient_still_sums_to_one():
+    rng = np.random.default_rng(4)
+    t = {"loss": rng.normal(0, 0.01, (6, 5)), "acc": rng.normal(0, 0.01, (6, 5))}
+    got = term_noise(t, {"loss": 0.5, "acc": -0.5})
+    assert abs(sum(v["share"] for v in got["terms"].values()) - 1) < 1e-9
