@@ -663,12 +663,15 @@ def pooled(preset: str, seeds: list[int], arms: list[str], rules: list[str], out
 
 
 def line_searches(preset: str, seeds: list[int], arms: list[str], noises: list[float], runs: int = 12,
-                  out: str | None = None) -> dict:
+                  out: str | None = None, picks: tuple[str, ...] = ("seen", "measured-predicted")) -> dict:
     """Searches simulated on the line every recorded run's proxies fit together (`pooled`): the truth
     a ridge line fitted to all the recorded swarms of `arms`, each simulated search drawing its own
     pool as a run does and measuring with proxy noise of each sd in `noises` (the bench's own is
     about 0.014). The sd of the picks' true values over `runs` simulated seeds says how steady a
-    search of this size could be if proxies were that quiet; a screen, not a measurement."""
+    search of this size could be if proxies were that quiet; a screen, not a measurement. `picks`:
+    `search.final` values, each optionally `:predictor` (`predicted:linear`: the search steered and
+    the pick made by that predictor, `search.predictor`). The truth is a line, so a linear
+    predictor is favoured here by construction: a screen for what to measure, nothing more."""
     import numpy as np
     from dataclasses import replace as dc_replace
     from sklearn.linear_model import RidgeCV
@@ -686,15 +689,17 @@ def line_searches(preset: str, seeds: list[int], arms: list[str], noises: list[f
         cfg = run_config(preset, seeds[0], arm=arm)
         space = _space(preset, cfg)
         for noise in noises:
-            for final in ("seen", "measured-predicted"):
-                strategy = dc_replace(from_search_config(cfg.search), final=final)
+            for name in picks:
+                final, _, predictor = name.partition(":")
+                strategy = dc_replace(from_search_config(cfg.search), final=final,
+                                      predictor=predictor or cfg.search.predictor)
                 vals = []
                 for j in range(runs):
                     P = candidate_pool(cfg, space, 1000, 100 + j)
                     f = line.predict(P)
                     vals.append(float(f[simulate(P, f, goal, cfg.search.iterations, strategy, seed=j, noise=noise)["pick"]]))
-                table[f"{arm}/{noise:g}/{final}"] = {"mean": float(np.mean(vals)), "sd": float(np.std(vals, ddof=1))}
-                print(f"{arm:12s} noise {noise:<7g} {final:19s} mean {np.mean(vals):.4f} sd {np.std(vals, ddof=1):.4f}",
+                table[f"{arm}/{noise:g}/{name}"] = {"mean": float(np.mean(vals)), "sd": float(np.std(vals, ddof=1))}
+                print(f"{arm:12s} noise {noise:<7g} {name:26s} mean {np.mean(vals):.4f} sd {np.std(vals, ddof=1):.4f}",
                       flush=True)
     obj = {"preset": preset, "arms": arms, "seeds": seeds, "runs": runs, "records": len(recs), "proxies": int(len(y)),
            "line_coef": line.coef_.tolist(), "table": table}
@@ -712,6 +717,8 @@ def main(argv=None) -> None:
                     help="pooled, line-searches: the arms whose runs are read together")
     ap.add_argument("--noises", type=float, nargs="+", default=[0.0137, 0.0068, 0.0034, 0.0],
                     help="line-searches: the proxy noise sds to simulate")
+    ap.add_argument("--picks", nargs="+", default=["seen", "measured-predicted"],
+                    help="line-searches: search.final values, each optionally :predictor (e.g. predicted:linear)")
     ap.add_argument("--records", default="g49{preset}_default_s{seed}",
                     help="spread: the record names, e.g. g32tech_default_s{seed} for issue 32's runs")
     ap.add_argument("--preset", choices=list(PRESETS), default="tech")
@@ -731,7 +738,7 @@ def main(argv=None) -> None:
     elif a.verb == "figure":
         figure(a.preset, a.seeds, a.arm, a.json)
     elif a.verb == "line-searches":
-        line_searches(a.preset, a.seeds, a.arms, a.noises, out=a.json)
+        line_searches(a.preset, a.seeds, a.arms, a.noises, out=a.json, picks=tuple(a.picks))
     elif a.verb == "pooled":
         pooled(a.preset, a.seeds, a.arms, a.rules, a.json)
     elif a.verb == "simulated":
