@@ -24,6 +24,7 @@ def test_the_bench_sequence_reads_the_shared_parts_in_place_and_starts_from_the_
         assert cu.record_file("reused", 2, 20).name == "g52bench_reused_v2_s20.json"
         assert cu.base(2).name == "base_v2" and cu.base(2).parent.name == "g52bench"
         assert cu.MARGIN == 0.005 and cu.REUSED == []  # the library's reuse defaults
+        assert cu.BASELINE_SEED == 20  # chains side by side: one seed's trains each version's baselines
     finally:
         _fresh()
 
@@ -32,5 +33,6 @@ def test_the_demo_sequence_keeps_each_arms_setting_explicit():
     cu = _fresh()
     assert cu.MARGIN == 0.01 and cu.PREFIX == "g52"
     assert cu.REUSED == ["search.reuse_sharpen=0"]  # as the `reused` sequence was measured
+    assert cu.BASELINE_SEED is None  # whichever full search of a version came first
     assert cu.ARMS["reused-sharp-alone"][1] == ["search.reuse_sharpen=4"]
     assert any(s.startswith("target.texts=") and "tech_heldout" in s for s in cu.version_sets(2))
