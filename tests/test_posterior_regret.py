@@ -56,6 +56,7 @@ def test_maximize_mirrors_minimize():
 def test_the_run_warns_when_the_spread_is_large_against_the_gain():
     q = {"comparison": {"uniform": {"diff": -0.10, "verdict": "better"}, "natural": {"diff": -0.20, "verdict": "better"}}}
     q["steadiness"] = {"rerun_sd": 0.02, "posterior_spread": 0.005, "posterior_regret": 0.01}
-    assert any("may move with the search seed" in w and "target_prior" in w for w in warnings(q))
+    assert any("may move with the search seed" in w and "target_prior" in w and "iterations = [8, 8, 4, 8]" in w
+               for w in warnings(q))
     q["steadiness"] = {"rerun_sd": 0.004, "posterior_spread": 0.02, "posterior_regret": 0.03}
     assert not any("may move with the search seed" in w for w in warnings(q))
