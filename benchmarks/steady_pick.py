@@ -663,7 +663,8 @@ def pooled(preset: str, seeds: list[int], arms: list[str], rules: list[str], out
 
 
 def line_searches(preset: str, seeds: list[int], arms: list[str], noises: list[float], runs: int = 12,
-                  out: str | None = None, picks: tuple[str, ...] = ("seen", "measured-predicted")) -> dict:
+                  out: str | None = None, picks: tuple[str, ...] = ("seen", "measured-predicted"),
+                  iterations: list[int] | None = None, truth_arms: list[str] | None = None) -> dict:
     """Searches simulated on the line every recorded run's proxies fit together (`pooled`): the truth
     a ridge line fitted to all the recorded swarms of `arms`, each simulated search drawing its own
     pool as a run does and measuring with proxy noise of each sd in `noises` (the bench's own is
@@ -671,14 +672,18 @@ def line_searches(preset: str, seeds: list[int], arms: list[str], noises: list[f
     search of this size could be if proxies were that quiet; a screen, not a measurement. `picks`:
     `search.final` values, each optionally `:predictor` (`predicted:linear`: the search steered and
     the pick made by that predictor, `search.predictor`). The truth is a line, so a linear
-    predictor is favoured here by construction: a screen for what to measure, nothing more."""
+    predictor is favoured here by construction: a screen for what to measure, nothing more.
+    `iterations`: another shape than the arm's (e.g. half as many mixtures, each measured on two
+    seeds: the arm's noise / sqrt(2) given in `noises`). `truth_arms`: the arms whose records the
+    line is fitted to (default `arms`), so that searches of one arm are simulated on the same truth
+    as the others'."""
     import numpy as np
     from dataclasses import replace as dc_replace
     from sklearn.linear_model import RidgeCV
 
     from climb.optimize.strategy import from_search_config, simulate
     from climb.stages.search.common import candidate_pool
-    recs = [json.loads(f.read_text()) for a in arms for s in seeds
+    recs = [json.loads(f.read_text()) for a in (truth_arms or arms) for s in seeds
             if (f := RECORDS / f"g49{preset}_{a}_s{s}.json").exists()]
     X = np.vstack([_swarm(rec)[0] for rec in recs])
     y = np.concatenate([_swarm(rec)[1] for rec in recs])
@@ -697,11 +702,13 @@ def line_searches(preset: str, seeds: list[int], arms: list[str], noises: list[f
                 for j in range(runs):
                     P = candidate_pool(cfg, space, 1000, 100 + j)
                     f = line.predict(P)
-                    vals.append(float(f[simulate(P, f, goal, cfg.search.iterations, strategy, seed=j, noise=noise)["pick"]]))
+                    its = iterations or cfg.search.iterations
+                    vals.append(float(f[simulate(P, f, goal, its, strategy, seed=j, noise=noise)["pick"]]))
                 table[f"{arm}/{noise:g}/{name}"] = {"mean": float(np.mean(vals)), "sd": float(np.std(vals, ddof=1))}
                 print(f"{arm:12s} noise {noise:<7g} {name:26s} mean {np.mean(vals):.4f} sd {np.std(vals, ddof=1):.4f}",
                       flush=True)
     obj = {"preset": preset, "arms": arms, "seeds": seeds, "runs": runs, "records": len(recs), "proxies": int(len(y)),
+           "iterations": iterations,
            "line_coef": line.coef_.tolist(), "table": table}
     if out:
         write_result(out, obj)
@@ -717,6 +724,11 @@ def main(argv=None) -> None:
                     help="pooled, line-searches: the arms whose runs are read together")
     ap.add_argument("--noises", type=float, nargs="+", default=[0.0137, 0.0068, 0.0034, 0.0],
                     help="line-searches: the proxy noise sds to simulate")
+    ap.add_argument("--iterations", type=int, nargs="+", default=None,
+                    help="line-searches: search.iterations instead of each arm's own")
+    ap.add_argument("--truth-arms", nargs="+", choices=list(ARMS), default=None,
+                    help="line-searches: the arms whose records the line is fitted to (default: --arms)")
+    ap.add_argument("--runs", type=int, default=12, help="line-searches: simulated searches per cell")
     ap.add_argument("--picks", nargs="+", default=["seen", "measured-predicted"],
                     help="line-searches: search.final values, each optionally :predictor (e.g. predicted:linear)")
     ap.add_argument("--records", default="g49{preset}_default_s{seed}",
@@ -738,7 +750,8 @@ def main(argv=None) -> None:
     elif a.verb == "figure":
         figure(a.preset, a.seeds, a.arm, a.json)
     elif a.verb == "line-searches":
-        line_searches(a.preset, a.seeds, a.arms, a.noises, out=a.json, picks=tuple(a.picks))
+        line_searches(a.preset, a.seeds, a.arms, a.noises, runs=a.runs, out=a.json, picks=tuple(a.picks),
+                      iterations=a.iterations, truth_arms=a.truth_arms)
     elif a.verb == "pooled":
         pooled(a.preset, a.seeds, a.arms, a.rules, a.json)
     elif a.verb == "simulated":
