@@ -54,6 +54,49 @@ def _run(task: dict) -> dict:
     return train_and_score(task)
 
 
+def proxy_key(variant: str, over: dict, run: str, t) -> str:
+    """What makes a screen's proxy the same one on another start: the variant and its overrides, the
+    run, the mixture's id, weights and seed."""
+    return json.dumps([variant, over, run, t.mixture_id, [round(w, 9) for w in t.weights], t.seed], sort_keys=True)
+
+
+def run_dir_for(out: str) -> Path:
+    """Where a screen keeps its finished proxies by default: under runs/ (not committed), named
+    after its results file."""
+    return Path(__file__).resolve().parents[1] / "runs" / "proxy_noise" / (Path(out).stem + ".proxies.jsonl")
+
+
+def load_kept(keep: Path) -> dict:
+    """The finished proxies a stopped screen kept, by `proxy_key` (a torn last line is skipped)."""
+    kept = {}
+    if keep.exists():
+        for line in keep.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            kept[row["key"]] = row["rec"]
+    return kept
+
+
+def run_kept(pool, tasks: list, variant: str, over: dict, run: str, keep: Path, kept: dict) -> list:
+    """Each task's record in order: those kept from an earlier start as they were, the others trained
+    (in `pool`) and appended to `keep` as each finishes, so that a stop loses only the proxies in flight."""
+    from concurrent.futures import as_completed
+    keys = [proxy_key(variant, over, run, t) for t in tasks]
+    todo = {pool.submit(_run, t): k for t, k in zip(tasks, keys) if k not in kept}
+    if len(todo) < len(tasks):
+        print(f"{variant}: {len(tasks) - len(todo)} of {len(tasks)} proxies kept from an earlier start", flush=True)
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    for fut in as_completed(todo):
+        rec = fut.result()
+        kept[todo[fut]] = rec
+        if rec.get("status") == "ok":
+            with keep.open("a") as f:
+                f.write(json.dumps({"key": todo[fut], "rec": rec}) + "\n")
+    return [kept[k] for k in keys]
+
+
 def noise_stats(table: np.ndarray) -> dict:
     """table[m, s]: objective of mixture m with seed s; the search's own noise figures plus the table."""
     from climb.optimize.quality import noise
@@ -82,6 +125,9 @@ def main(argv=None) -> None:
     ap.add_argument("--swarm", type=int, default=16, help="mixtures of the initial sampler, one seed each")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=str(RESULTS / "proxy_noise.json"))
+    ap.add_argument("--keep", default="",
+                    help="each finished proxy's record, one JSON line, so that a stopped screen goes on "
+                         "where it stopped (default: beside --out, <out>.proxies.jsonl under runs/)")
     a = ap.parse_args(argv)
 
     from climb.config import load_config
@@ -107,6 +153,8 @@ def main(argv=None) -> None:
         name, rest = spec.split("=", 1)
         variants[name] = _parse_set(rest.split(","))
     results = json.loads(Path(a.out).read_text()) if Path(a.out).exists() else {}
+    keep = Path(a.keep) if a.keep else run_dir_for(a.out)
+    kept = load_kept(keep)
     with ProcessPoolExecutor(a.workers, initializer=_init_worker,
                              mp_context=__import__("multiprocessing").get_context("spawn")) as pool:
         for name, over in variants.items():
@@ -117,7 +165,7 @@ def main(argv=None) -> None:
                 return proxy_task(dataclasses.replace(cfg, proxy=pc), paths, mid, 0, w, seed)
             rep_tasks = [task(f"rep{m}-s{s}", w, 1000 + s) for m, w in enumerate(reps) for s in range(a.seeds)]
             swarm_tasks = [task(f"swarm{j}", w, 1000) for j, w in enumerate(swarm)]
-            recs = list(pool.map(_run, rep_tasks + swarm_tasks))
+            recs = run_kept(pool, rep_tasks + swarm_tasks, name, over, str(run), keep, kept)
             bad = [r for r in recs if r["status"] != "ok"]
             if bad:
                 raise SystemExit(f"{name}: {len(bad)} proxies failed: {bad[0].get('error')}")
