@@ -339,6 +339,43 @@ def _keep_replay(kept: Path, name: str, entry: dict) -> None:
         tmp.replace(kept)
 
 
+BASE_TOL = 1e-6  # a proxy's objective on a rebuilt base against the record's (noise: 1e-3 and more)
+_checked: dict = {}
+
+
+def same_base(preset: str, rec: dict) -> str:
+    """Refuse to replay a run on a base other than the one it searched on: its replays would not be
+    paired with its comparison. The same digest (centroids and tokenizer bytes) passes; another one
+    (a base rebuilt: faiss and the tokenizer need not give the same bytes twice) passes if a natural
+    mixture's proxy on the first comparison seed, trained here, gives the objective some record on
+    that digest has for it, within BASE_TOL. Returns how it passed."""
+    from benchmarks.variant_pair import base_digest
+    here = base_digest(names(preset))
+    theirs = rec.get("base")
+    if not theirs or theirs == here:
+        return "same digest"
+    if (here, theirs) in _checked:
+        return _checked[here, theirs]
+    seed = rec["comparison_seeds"][0]
+    src = next((r for f in sorted(RECORDS.glob(f"g49{preset}_*_s*.json"))
+                if (r := json.loads(f.read_text())).get("base") == theirs and f"natural/{seed}" in r["comparison"]), None)
+    if src is None:
+        raise SystemExit(f"{names(preset)} (digest {here}) is not the base g49{preset} run seed {rec['search_seed']} "
+                         f"searched on ({theirs}), and no record on that base has a natural proxy to check it by")
+    from climb.runtime.layout import RunPaths
+    from climb.runtime.proxy_runs import train_and_score
+    from climb.stages.search.common import proxy_task
+    c = src["comparison"][f"natural/{seed}"]
+    got = train_and_score(proxy_task(run_config(preset, src["search_seed"]), RunPaths(names(preset)),
+                                     f"base-check-{seed}", -1, c["weights"], seed))["objective"]
+    if abs(got - c["objective"]) > BASE_TOL:
+        raise SystemExit(f"{names(preset)} (digest {here}) is not the base seed {rec['search_seed']} searched on "
+                         f"({theirs}): natural on seed {seed} gives {got:.9f} here, {c['objective']:.9f} there")
+    _checked[here, theirs] = f"rebuilt base, natural on seed {seed} within {abs(got - c['objective']):.1e}"
+    print(f"base check: {_checked[here, theirs]} of the record's ({theirs} -> {here})", flush=True)
+    return _checked[here, theirs]
+
+
 def replay(preset: str, seeds: list[int], rules: list[str], arm: str = "default") -> None:
     """Each rule's pick on each recorded run of `arm`, trained on the comparison seeds in the base
     folder (kept proxy by proxy in benchmarks/results/records/g49<preset>[_<arm>]_replays.json, so
@@ -353,6 +390,7 @@ def replay(preset: str, seeds: list[int], rules: list[str], arm: str = "default"
     base = RunPaths(names(preset))
     for seed in seeds:
         rec = json.loads((RECORDS / f"g49{preset}_{arm}_s{seed}.json").read_text())
+        same_base(preset, rec)
         for rule in rules:
             name = f"{rule}/s{seed}"
             if name in have and len(have[name]["objective"]) == EVAL_SEEDS:

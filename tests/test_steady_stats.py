@@ -79,3 +79,38 @@ def test_a_term_with_a_negative_coefficient_still_sums_to_one():
     t = {"loss": rng.normal(0, 0.01, (6, 5)), "acc": rng.normal(0, 0.01, (6, 5))}
     got = term_noise(t, {"loss": 0.5, "acc": -0.5})
     assert abs(sum(v["share"] for v in got["terms"].values()) - 1) < 1e-9
+
+
+def _base_world(tmp_path, monkeypatch, here, got):
+    import benchmarks.steady_pick as sp
+    import benchmarks.variant_pair as vp
+    import climb.runtime.proxy_runs as pr
+    import climb.stages.search.common as sc
+    monkeypatch.setattr(sp, "RECORDS", tmp_path)
+    monkeypatch.setattr(sp, "_checked", {})
+    monkeypatch.setattr(sp, "run_config", lambda *a, **k: None)
+    monkeypatch.setattr(vp, "base_digest", lambda run: here)
+    monkeypatch.setattr(sc, "proxy_task", lambda *a, **k: a[4])
+    trained = []
+    monkeypatch.setattr(pr, "train_and_score", lambda t: trained.append(t) or {"objective": got})
+    (tmp_path / "g49x_default_s20.json").write_text(json.dumps(
+        {"base": "old", "search_seed": 20, "comparison_seeds": [7],
+         "comparison": {"natural/7": {"weights": [0.5, 0.5], "objective": 2.5}}}))
+    return sp, trained
+
+
+def test_a_replay_is_refused_on_a_base_other_than_the_one_its_run_searched_on(tmp_path, monkeypatch):
+    import pytest
+    rec = {"base": "old", "search_seed": 21, "comparison_seeds": [7], "comparison": {}}
+    sp, trained = _base_world(tmp_path, monkeypatch, "old", 2.5)
+    assert sp.same_base("x", rec) == "same digest" and not trained  # nothing trained for the same bytes
+    sp, trained = _base_world(tmp_path, monkeypatch, "new", 2.5 + 2e-8)
+    assert "rebuilt base" in sp.same_base("x", rec) and trained == [[0.5, 0.5]]
+    sp.same_base("x", rec)
+    assert len(trained) == 1  # checked once per pair of digests
+    sp, trained = _base_world(tmp_path, monkeypatch, "new", 2.501)
+    with pytest.raises(SystemExit, match="not the base"):
+        sp.same_base("x", rec)
+    sp, trained = _base_world(tmp_path, monkeypatch, "new", 2.5)
+    with pytest.raises(SystemExit, match="no record on that base"):
+        sp.same_base("x", dict(rec, base="elsewhere"))
