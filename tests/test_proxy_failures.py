@@ -83,7 +83,8 @@ def test_interrupt_kills_the_trainer_group(tmp_path, monkeypatch):
     real = subprocess.Popen.communicate
 
     def interrupted(self, *a, **kw):  # Ctrl-C arrives while the trainer runs
-        _wait(marker.exists, "the trainer's child")
+        # The shell creates the file before `echo` writes the pid into it: wait for the pid itself.
+        _wait(lambda: marker.exists() and marker.read_text().strip(), "the trainer's child")
         raise KeyboardInterrupt
     monkeypatch.setattr(subprocess.Popen, "communicate", interrupted)
     with pytest.raises(KeyboardInterrupt):

@@ -78,9 +78,10 @@ def test_a_child_dies_with_its_killed_parent(tmp_path):
              pidfile=str(pidfile))
     parent = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.time() + 60
-    while not pidfile.exists() and time.time() < deadline:
+    # The file exists from its open on, before the pid is written into it: wait for the pid.
+    while not (pidfile.exists() and pidfile.read_text().strip()) and time.time() < deadline:
         time.sleep(0.1)
-    assert pidfile.exists(), "the child never started"
+    assert pidfile.exists() and pidfile.read_text().strip(), "the child never started"
     child = int(pidfile.read_text())
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
