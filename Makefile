@@ -49,8 +49,10 @@ validate: $(STAMP)
 embed cluster tokenize search export report: $(STAMP)
 	$(BIN)/climb $@ $(ARGS)
 
+# One process per core, up to four (each test file stays in one process, so its module fixtures
+# are built once); `$(BIN)/python -m pytest` alone runs them in one.
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadfile
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/run.py
