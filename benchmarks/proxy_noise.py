@@ -60,7 +60,7 @@ def proxy_key(variant: str, over: dict, run: str, t) -> str:
     return json.dumps([variant, over, run, t.mixture_id, [round(w, 9) for w in t.weights], t.seed], sort_keys=True)
 
 
-def run_dir_for(out: str) -> Path:
+def kept_file_for(out: str) -> Path:
     """Where a screen keeps its finished proxies by default: under runs/ (not committed), named
     after its results file."""
     return Path(__file__).resolve().parents[1] / "runs" / "proxy_noise" / (Path(out).stem + ".proxies.jsonl")
@@ -153,7 +153,7 @@ def main(argv=None) -> None:
         name, rest = spec.split("=", 1)
         variants[name] = _parse_set(rest.split(","))
     results = json.loads(Path(a.out).read_text()) if Path(a.out).exists() else {}
-    keep = Path(a.keep) if a.keep else run_dir_for(a.out)
+    keep = Path(a.keep) if a.keep else kept_file_for(a.out)
     kept = load_kept(keep)
     with ProcessPoolExecutor(a.workers, initializer=_init_worker,
                              mp_context=__import__("multiprocessing").get_context("spawn")) as pool:

@@ -455,6 +455,12 @@ def spread(records: list[dict]) -> dict:
             "pick_sd": [(r["quality"].get("steadiness") or {}).get("pick_sd") for r in records]}
 
 
+def _interaction(V):
+    """A mixture x comparison-seed table's residual: each mixture's level and each seed's common
+    effect taken out (the noise that does not cancel between mixtures sharing a seed)."""
+    return V - V.mean(1, keepdims=True) - V.mean(0, keepdims=True) + V.mean()
+
+
 def between_sd(V) -> dict:
     """The sd of the found mixtures' own objective across search seeds, the comparison's noise taken
     out: a seed x comparison-seed table's variance components (every run shares the comparison
@@ -465,7 +471,7 @@ def between_sd(V) -> dict:
     from scipy.stats import chi2
     V = np.asarray(V, float)
     S, E = V.shape
-    res = V - V.mean(1, keepdims=True) - V.mean(0, keepdims=True) + V.mean()
+    res = _interaction(V)
     noise_var = float((res ** 2).sum() / ((S - 1) * (E - 1)) / E)
     var_means = float(V.mean(1).var(ddof=1))
     lower = (S - 1) * var_means / float(chi2.ppf(0.975, S - 1)) - noise_var
@@ -483,15 +489,14 @@ def term_noise(tables: dict, coefs: dict) -> dict:
     / var(the objective's), so the shares sum to 1. `signal_sd` is the sd of the mixtures' means."""
     import numpy as np
     res, out = {}, {}
+    tables = {t: np.asarray(V, float) for t, V in tables.items()}
     for t, V in tables.items():
-        V = np.asarray(V, float)
-        res[t] = V - V.mean(1, keepdims=True) - V.mean(0, keepdims=True) + V.mean()
+        res[t] = _interaction(V)
     obj = sum(coefs[t] * res[t] for t in tables)
     S, E = obj.shape
     dof = (S - 1) * (E - 1)
     var_obj = float((obj ** 2).sum() / dof)
     for t, V in tables.items():
-        V = np.asarray(V, float)
         out[t] = {"coef": coefs[t], "noise_sd": float(np.sqrt((res[t] ** 2).sum() / dof)),
                   "share": float(coefs[t] * (res[t] * obj).sum() / dof / var_obj),
                   "signal_sd": float(V.mean(1).std(ddof=1))}
@@ -731,6 +736,7 @@ def line_searches(preset: str, seeds: list[int], arms: list[str], noises: list[f
     for arm in arms:
         cfg = run_config(preset, seeds[0], arm=arm)
         space = _space(preset, cfg)
+        its = iterations or cfg.search.iterations
         for noise in noises:
             for name in picks:
                 final, _, predictor = name.partition(":")
@@ -740,7 +746,6 @@ def line_searches(preset: str, seeds: list[int], arms: list[str], noises: list[f
                 for j in range(runs):
                     P = candidate_pool(cfg, space, 1000, 100 + j)
                     f = line.predict(P)
-                    its = iterations or cfg.search.iterations
                     vals.append(float(f[simulate(P, f, goal, its, strategy, seed=j, noise=noise)["pick"]]))
                 table[f"{arm}/{noise:g}/{name}"] = {"mean": float(np.mean(vals)), "sd": float(np.std(vals, ddof=1))}
                 print(f"{arm:12s} noise {noise:<7g} {name:26s} mean {np.mean(vals):.4f} sd {np.std(vals, ddof=1):.4f}",

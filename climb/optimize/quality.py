@@ -203,8 +203,8 @@ def warnings(q: dict) -> list[str]:
         out.append(f"the answer may move with the search seed: this search simulated again with other seeds on "
                    f"what its own proxies measured finds answers {rerun:.4f} apart (sd), more than "
                    f"{MAX_RERUN_OF_GAIN:.0%} of the smallest gain over a baseline ({min(gains):.4f}). "
-                   "Where the target has documents (texts or task items), search.target_prior = 0.5 (half the first round drawn toward the clusters the target reads "
-                   "like) with search.iterations = [8, 8, 4, 8] (the last round twice as large) cut the "
+                   "Where the target has documents (texts or task items), search.target_prior = 0.5 (half the "
+                   "first round drawn toward the clusters the target reads like) with search.iterations = [8, 8, 4, 8] (the last round twice as large) cut the "
                    "seed-to-seed sd of the found objective from 0.023 to 0.005 on the demo's target and from "
                    "0.021 to 0.005 on another section of it, at the same compute; on the bench's task target "
                    "0.010 against 0.0085, not resolved (docs/trust.md)")
