@@ -356,6 +356,11 @@ def same_base(preset: str, rec: dict) -> str:
         return "same digest"
     if (here, theirs) in _checked:
         return _checked[here, theirs]
+    kept = names(preset) / "base_checks.json"  # a check passed once holds for the folder's life
+    done = json.loads(kept.read_text()) if kept.exists() else {}
+    if f"{here} {theirs}" in done:
+        _checked[here, theirs] = done[f"{here} {theirs}"]
+        return _checked[here, theirs]
     seed = rec["comparison_seeds"][0]
     src = next((r for f in sorted(RECORDS.glob(f"g49{preset}_*_s*.json"))
                 if (r := json.loads(f.read_text())).get("base") == theirs and f"natural/{seed}" in r["comparison"]), None)
@@ -372,6 +377,9 @@ def same_base(preset: str, rec: dict) -> str:
         raise SystemExit(f"{names(preset)} (digest {here}) is not the base seed {rec['search_seed']} searched on "
                          f"({theirs}): natural on seed {seed} gives {got:.9f} here, {c['objective']:.9f} there")
     _checked[here, theirs] = f"rebuilt base, natural on seed {seed} within {abs(got - c['objective']):.1e}"
+    done = json.loads(kept.read_text()) if kept.exists() else {}
+    done[f"{here} {theirs}"] = _checked[here, theirs]
+    write_result(kept, done, indent=1)
     print(f"base check: {_checked[here, theirs]} of the record's ({theirs} -> {here})", flush=True)
     return _checked[here, theirs]
 
@@ -390,11 +398,11 @@ def replay(preset: str, seeds: list[int], rules: list[str], arm: str = "default"
     base = RunPaths(names(preset))
     for seed in seeds:
         rec = json.loads((RECORDS / f"g49{preset}_{arm}_s{seed}.json").read_text())
-        same_base(preset, rec)
-        for rule in rules:
+        todo_rules = [r for r in rules if len(have.get(f"{r}/s{seed}", {}).get("objective", {})) < EVAL_SEEDS]
+        if todo_rules:  # nothing to train: no base to check
+            same_base(preset, rec)
+        for rule in todo_rules:
             name = f"{rule}/s{seed}"
-            if name in have and len(have[name]["objective"]) == EVAL_SEEDS:
-                continue
             pick = replay_pick(preset, rec, rule, arm)
             entry = {**pick, "search_seed": seed, "rule": rule, "objective": dict(have.get(name, {}).get("objective", {}))}
             same = max(abs(a - b) for a, b in zip(pick["weights"], rec["mixtures"]["weights"])) < 1e-12

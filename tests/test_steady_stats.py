@@ -89,6 +89,9 @@ def _base_world(tmp_path, monkeypatch, here, got):
     monkeypatch.setattr(sp, "RECORDS", tmp_path)
     monkeypatch.setattr(sp, "_checked", {})
     monkeypatch.setattr(sp, "run_config", lambda *a, **k: None)
+    base = tmp_path / f"base-{len(list(tmp_path.glob('base-*')))}"  # a fresh base folder per world
+    base.mkdir()
+    monkeypatch.setattr(sp, "names", lambda *a, **k: base)
     monkeypatch.setattr(vp, "base_digest", lambda run: here)
     monkeypatch.setattr(sc, "proxy_task", lambda *a, **k: a[4])
     trained = []
@@ -108,6 +111,8 @@ def test_a_replay_is_refused_on_a_base_other_than_the_one_its_run_searched_on(tm
     assert "rebuilt base" in sp.same_base("x", rec) and trained == [[0.5, 0.5]]
     sp.same_base("x", rec)
     assert len(trained) == 1  # checked once per pair of digests
+    monkeypatch.setattr(sp, "_checked", {})  # another process on the same base folder
+    assert "rebuilt base" in sp.same_base("x", rec) and len(trained) == 1  # kept in the folder
     sp, trained = _base_world(tmp_path, monkeypatch, "new", 2.501)
     with pytest.raises(SystemExit, match="not the base"):
         sp.same_base("x", rec)
