@@ -217,7 +217,7 @@ def _kept(v: int, seed: int) -> None:
     from climb.runtime.executor import make_executor
     from climb.runtime.layout import RunPaths
     from climb.stages.search.common import proxy_task, run_proxies
-    w = kept_mixture(v, seed)
+    w = have.get("weights") or kept_mixture(v, seed)  # a kept file holds its mixture from its first proxy on
     reused = json.loads(record_file("reused", v, seed).read_text())
     if max(abs(a - b) for a, b in zip(w, reused["mixtures"]["weights"])) < 1e-12:  # the reused pick itself
         have = {"weights": w, "same_as": "reused", "objective": {str(c): reused["comparison"][f"climb/{c}"]["objective"]
@@ -239,20 +239,50 @@ def _kept(v: int, seed: int) -> None:
     print(f"kept v{v} s{seed}: {sum(have['objective'].values()) / len(cs):.4f}", flush=True)
 
 
+def _reused_sets(v: int, earlier: Path) -> list[str]:
+    return [f'search.reuse="{earlier}"', "search.baselines=[]"] + REUSED
+
+
+def earlier_run(v: int, seed: int) -> Path:
+    """The finished run a reused search of version v names: v1's full search, else the chain's
+    reused search of the version before. A machine that kept the records and not the run folders
+    runs it again (each earlier one first, as the chain did) and checks that it finds its record's
+    mixture, so the chain goes on from where its records stop instead of from nothing."""
+    import numpy as np
+    arm = "full" if v == 2 else "reused"
+    run = run_dir(arm, v - 1, seed)
+    if (run / "search" / "manifest.json").exists():
+        return run
+    if _bench_preset_run(v - 1, arm):
+        return steady_pick.restore("bench", seed)
+    print(f"{run.name}: only its record is here; its search runs again for the chain", flush=True)
+    _search(arm, v - 1, seed, ["search.baselines=[]"] if arm == "full" else _reused_sets(v - 1, earlier_run(v - 1, seed)))
+    rec = json.loads(record_file(arm, v - 1, seed).read_text())
+    got = json.loads((run / "search" / "mixture.json").read_text())["weights"]
+    if not np.allclose(got, rec["mixtures"]["weights"], atol=1e-6):
+        raise SystemExit(f"{run.name}: run again, it finds another mixture than its record; the chain cannot go "
+                         "on from it (its base or search is not the recorded one)")
+    return run
+
+
 def train(seeds: list[int], updates: list[int]) -> None:
+    """Every run of the chains that has no record yet, in chain order. A run with a record is not
+    trained again (a new machine keeps the records, not the run folders), except a chain's earlier
+    run that a reused search still to come must name (`earlier_run`)."""
     prepare()
     for s in seeds:  # the chains' start: v1's full search (on the bench, the bench preset's own run)
         if PRESET == "bench":
             steady_pick.train("bench", [s], "default")
-        else:
+        elif not record_file("full", 1, s).exists():
             _keep("full", 1, s, _search("full", 1, s, ["search.baselines=[]"]))
     for u in updates:
         v = u + 1
         for s in seeds:
-            first = not _baselines_trained(v) and BASELINE_SEED in (None, s)
-            _keep("full", v, s, _search("full", v, s, BASELINES if first else ["search.baselines=[]"]))
-            earlier = run_dir("full" if v == 2 else "reused", v - 1, s)
-            _keep("reused", v, s, _search("reused", v, s, [f'search.reuse="{earlier}"', "search.baselines=[]"] + REUSED))
+            if not record_file("full", v, s).exists():
+                first = not _baselines_trained(v) and BASELINE_SEED in (None, s)
+                _keep("full", v, s, _search("full", v, s, BASELINES if first else ["search.baselines=[]"]))
+            if not record_file("reused", v, s).exists():
+                _keep("reused", v, s, _search("reused", v, s, _reused_sets(v, earlier_run(v, s))))
             _kept(v, s)
 
 

@@ -125,22 +125,49 @@ def train(preset: str, seeds: list[int], arm: str = "default") -> None:
         run, kept = names(preset, seed, arm), RECORDS / f"{names(preset, seed, arm).name}.json"
         if kept.exists():
             continue
-        if not (run / "search" / "manifest.json").exists():
-            if not run.exists():
-                shutil.copytree(base, run, copy_function=shutil.copy2)
-            # The first seed of an arm trains the baselines: the default's judge the rest, and another
-            # arm's check that its base (rebuilt, perhaps on another day) gives the default's figures.
-            first = not any(RECORDS.glob(f"g49{preset}_{arm}_s*.json")) and i == 0
-            sets = [f"search.seed={seed}"] + ARMS[arm] + PRESETS[preset].get("extra", []) + (
-                [] if first else ["search.baselines=[]"])
-            _climb(["search", "--run", str(run)] + common_args(preset) + [a for s in sets for a in ("--set", s)],
-                   run.with_suffix(".log"))
+        # The first seed of an arm trains the baselines: the default's judge the rest, and another
+        # arm's check that its base (rebuilt, perhaps on another day) gives the default's figures.
+        first = not any(RECORDS.glob(f"g49{preset}_{arm}_s*.json")) and i == 0
+        _search_run(preset, seed, arm, baselines=first)
         rec = record(run, PRESETS[preset]["known_answer"])
         if arm != "default":
             rec["base_check"] = base_check(preset, rec)
         write_result(kept, rec, indent=1)
         print(f"recorded {kept.name}" + (f" (base check: {rec['base_check']})" if arm != "default" else ""),
               flush=True)
+
+
+def _search_run(preset: str, seed: int, arm: str, baselines: bool) -> Path:
+    """The arm's search of `seed` in its own folder (a copy of the base); a finished one is left."""
+    base, run = names(preset), names(preset, seed, arm)
+    if not (run / "search" / "manifest.json").exists():
+        if not run.exists():
+            shutil.copytree(base, run, copy_function=shutil.copy2)
+        sets = [f"search.seed={seed}"] + ARMS[arm] + PRESETS[preset].get("extra", []) + (
+            [] if baselines else ["search.baselines=[]"])
+        _climb(["search", "--run", str(run)] + common_args(preset) + [a for s in sets for a in ("--set", s)],
+               run.with_suffix(".log"))
+    return run
+
+
+def restore(preset: str, seed: int, arm: str = "default") -> Path:
+    """A recorded run's folder where only its record is left (a new machine keeps the records, not
+    the runs), for what reads the folder itself (a reused search names it): the base built where it
+    is missing, the search run again without the baselines, and its found mixture checked against
+    the record's. A search on the same base and seed trains the same proxies, so a difference means
+    another base or another search, and the folder is refused."""
+    import numpy as np
+    base, run = names(preset), names(preset, seed, arm)
+    rec = json.loads((RECORDS / f"{run.name}.json").read_text())
+    if not (base / "tokenize" / "manifest.json").exists():
+        _climb(["tokenize", "--run", str(base)] + common_args(preset), base.with_suffix(".log"))
+    _search_run(preset, seed, arm, baselines=False)
+    got = json.loads((run / "search" / "mixture.json").read_text())["weights"]
+    if not np.allclose(got, rec["mixtures"]["weights"], atol=1e-6):
+        raise SystemExit(f"{run.name}: the search run again finds another mixture than its record "
+                         f"(L1 {np.abs(np.subtract(got, rec['mixtures']['weights'])).sum():.2e}); its base or "
+                         "search is not the recorded one")
+    return run
 
 
 def base_check(preset: str, rec: dict) -> str:

@@ -36,3 +36,60 @@ def test_the_demo_sequence_keeps_each_arms_setting_explicit():
     assert cu.BASELINE_SEED is None  # whichever full search of a version came first
     assert cu.ARMS["reused-sharp-alone"][1] == ["search.reuse_sharpen=4"]
     assert any(s.startswith("target.texts=") and "tech_heldout" in s for s in cu.version_sets(2))
+
+
+def _chain_world(tmp_path, monkeypatch, found):
+    """The demo chain's driver with searches faked: `found[(arm, v, seed)]` is what a search of that
+    run finds; a record holds what the run found when it first ran."""
+    import json
+
+    cu = _fresh()
+    monkeypatch.setattr(cu, "G", tmp_path / "g52")
+    monkeypatch.setattr(cu, "RECORDS", tmp_path / "records")
+    (tmp_path / "records").mkdir()
+    monkeypatch.setattr(cu, "prepare", lambda: None)
+    monkeypatch.setattr(cu, "_kept", lambda v, s: None)
+    searched = []
+
+    def search(arm, v, seed, sets):
+        run = cu.run_dir(arm, v, seed)
+        (run / "search").mkdir(parents=True, exist_ok=True)
+        (run / "search" / "mixture.json").write_text(json.dumps({"weights": found[arm, v, seed]}))
+        (run / "search" / "manifest.json").write_text("{}")
+        searched.append((arm, v, seed, [x for x in sets if x.startswith("search.reuse=")]))
+        return run
+
+    def keep(arm, v, seed, run):
+        f = cu.record_file(arm, v, seed)
+        if not f.exists():
+            f.write_text(json.dumps({"mixtures": json.loads((run / "search" / "mixture.json").read_text())}))
+    monkeypatch.setattr(cu, "_search", search)
+    monkeypatch.setattr(cu, "_keep", keep)
+    return cu, searched
+
+
+def test_a_chain_goes_on_from_its_records_on_a_machine_without_its_run_folders(tmp_path, monkeypatch):
+    import shutil
+    found = {(a, v, 0): [v / 10, 1 - v / 10] for a in ("full", "reused") for v in range(1, 6)}
+    cu, searched = _chain_world(tmp_path, monkeypatch, found)
+    try:
+        cu.train([0], [1, 2])  # u1, u2: full and reused on v2, v3
+        assert [(a, v) for a, v, _, _ in searched] == [("full", 1), ("full", 2), ("reused", 2), ("full", 3),
+                                                        ("reused", 3)]
+        shutil.rmtree(tmp_path / "g52")  # a new machine: the records are kept, the run folders are not
+        searched.clear()
+        cu.train([0], [1, 2, 3])
+        # nothing with a record trains again but the chain's earlier runs that u3's reused search names,
+        # each run again from the start of the chain (v3's reused names v2's, which names v1's full)
+        assert [(a, v) for a, v, _, _ in searched] == [("full", 4), ("full", 1), ("reused", 2), ("reused", 3),
+                                                        ("reused", 4)]
+        assert searched[-1][3] == [f'search.reuse="{cu.run_dir("reused", 3, 0)}"']
+        shutil.rmtree(tmp_path / "g52")
+        searched.clear()
+        found["reused", 2, 0] = [0.5, 0.5]  # run again, the earlier search finds another mixture
+        import pytest
+        with pytest.raises(SystemExit, match="another mixture than its record"):
+            cu.train([0], [1, 2, 3, 4])
+        assert ("reused", 5) not in [(a, v) for a, v, _, _ in searched]  # refused before training on it
+    finally:
+        _fresh()

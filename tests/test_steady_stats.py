@@ -119,3 +119,28 @@ def test_a_replay_is_refused_on_a_base_other_than_the_one_its_run_searched_on(tm
     sp, trained = _base_world(tmp_path, monkeypatch, "new", 2.5)
     with pytest.raises(SystemExit, match="no record on that base"):
         sp.same_base("x", dict(rec, base="elsewhere"))
+
+
+def test_a_recorded_run_restored_on_a_new_machine_must_find_its_record_mixture(tmp_path, monkeypatch):
+    import pytest
+
+    import benchmarks.steady_pick as sp
+    monkeypatch.setattr(sp, "RECORDS", tmp_path)
+    monkeypatch.setattr(sp, "names", lambda preset, seed=None, arm="default":
+                        tmp_path / ("base" if seed is None else f"g49x_{arm}_s{seed}"))
+    (tmp_path / "base" / "tokenize").mkdir(parents=True)
+    (tmp_path / "base" / "tokenize" / "manifest.json").write_text("{}")
+    (tmp_path / "g49x_default_s20.json").write_text(json.dumps({"mixtures": {"weights": [0.25, 0.75]}}))
+    runs = []
+
+    def search(preset, seed, arm, baselines, weights):
+        run = sp.names(preset, seed, arm)
+        (run / "search").mkdir(parents=True, exist_ok=True)
+        (run / "search" / "mixture.json").write_text(json.dumps({"weights": weights}))
+        runs.append(baselines)
+        return run
+    monkeypatch.setattr(sp, "_search_run", lambda *a, **k: search(*a, **k, weights=[0.25, 0.75]))
+    assert sp.restore("x", 20).name == "g49x_default_s20" and runs == [False]  # no baselines trained again
+    monkeypatch.setattr(sp, "_search_run", lambda *a, **k: search(*a, **k, weights=[0.5, 0.5]))
+    with pytest.raises(SystemExit, match="another mixture than its record"):
+        sp.restore("x", 20)
