@@ -16,7 +16,9 @@ order they should start; a line starting with `#` is a comment. The queue runs t
 Starting the queue again goes on where it stopped: done items are skipped, claims left by a
 process that is gone (killed, or a machine that has rebooted since) are taken over, and each item
 resumes as its own command does (the benchmark drivers resume run folder by run folder, proxy by
-proxy). Two queues on one plan share the work through the claims instead of repeating it, and `--lanes`
+proxy). On a new machine, which keeps the repository's committed records and not `runs/`, the queue
+starts from the plan's first item again: each driver then skips what its records hold, rebuilds
+the base folders it needs, and trains only what no record has. Two queues on one plan share the work through the claims instead of repeating it, and `--lanes`
 bounds the items of the plan running at once, whoever started them: an item already running
 (a claim whose process is alive) holds a lane.
 An item's command runs with `bash -c` at the repository root, offline (HF_HUB_OFFLINE=1).
