@@ -117,10 +117,21 @@ def record(run: Path, known_answer: bool) -> dict:
     return rec
 
 
-def train(preset: str, seeds: list[int], arm: str = "default") -> None:
+def ensure_base(preset: str) -> Path:
+    """The preset's base folder, built where it is missing; one process builds it while any other
+    waits on a lock (queue items on one base may start together on a new machine)."""
+    import fcntl
     base = names(preset)
-    if not (base / "tokenize" / "manifest.json").exists():
-        _climb(["tokenize", "--run", str(base)] + common_args(preset), base.with_suffix(".log"))
+    base.parent.mkdir(parents=True, exist_ok=True)
+    with open(base.with_suffix(".build-lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (base / "tokenize" / "manifest.json").exists():
+            _climb(["tokenize", "--run", str(base)] + common_args(preset), base.with_suffix(".log"))
+    return base
+
+
+def train(preset: str, seeds: list[int], arm: str = "default") -> None:
+    ensure_base(preset)
     for i, seed in enumerate(seeds):
         run, kept = names(preset, seed, arm), RECORDS / f"{names(preset, seed, arm).name}.json"
         if kept.exists():
@@ -157,10 +168,9 @@ def restore(preset: str, seed: int, arm: str = "default") -> Path:
     the record's. A search on the same base and seed trains the same proxies, so a difference means
     another base or another search, and the folder is refused."""
     import numpy as np
-    base, run = names(preset), names(preset, seed, arm)
+    run = names(preset, seed, arm)
     rec = json.loads((RECORDS / f"{run.name}.json").read_text())
-    if not (base / "tokenize" / "manifest.json").exists():
-        _climb(["tokenize", "--run", str(base)] + common_args(preset), base.with_suffix(".log"))
+    ensure_base(preset)
     _search_run(preset, seed, arm, baselines=False)
     got = json.loads((run / "search" / "mixture.json").read_text())["weights"]
     if not np.allclose(got, rec["mixtures"]["weights"], atol=1e-6):
@@ -422,7 +432,7 @@ def replay(preset: str, seeds: list[int], rules: list[str], arm: str = "default"
     out_dir.mkdir(parents=True, exist_ok=True)
     kept = replays_file(preset, arm)
     have = json.loads(kept.read_text()) if kept.exists() else {}
-    base = RunPaths(names(preset))
+    base = RunPaths(ensure_base(preset))
     for seed in seeds:
         rec = json.loads((RECORDS / f"g49{preset}_{arm}_s{seed}.json").read_text())
         todo_rules = [r for r in rules if len(have.get(f"{r}/s{seed}", {}).get("objective", {})) < EVAL_SEEDS]
@@ -691,6 +701,33 @@ def judge(preset: str, seeds: list[int], arm: str, out: str | None, rule: str = 
     return obj
 
 
+# Rule 5bc1c02's R*: of the two picks replayed on target-last's eight bench runs, the one that holds
+# there by 844a56c (upper end of replayed - own < 0); of two that hold, the lower mean.
+R_STAR_FROM = ("measured-denoised", "measured-mean4")
+R_STAR_SEEDS = list(range(20, 28))
+
+
+def r_star(quiet: bool = True) -> str | None:
+    """R* as rule 5bc1c02 names it, read from the bench replays; None where neither rule holds.
+    Refuses (SystemExit) while either rule lacks one of its eight seeds."""
+    import contextlib
+    import io
+    held = {}
+    for rule in R_STAR_FROM:
+        with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+            try:
+                obj = judge("bench", R_STAR_SEEDS, "target-last", None, rule)
+            except SystemExit:
+                obj = {"seeds": []}
+        if obj["seeds"] != R_STAR_SEEDS:
+            raise SystemExit(f"R*: {rule} has its replays on bench seeds {obj['seeds']}, not all of {R_STAR_SEEDS}; "
+                             "nothing is named before both are judged")
+        m = obj["minus_arm_seen"]
+        if m["ci95"][1] < 0:
+            held[rule] = m["diff"]
+    return min(held, key=held.get) if held else None
+
+
 def _swarm(rec: dict):
     """A record's finished proxies: their weights and objectives as arrays."""
     import numpy as np
@@ -814,7 +851,9 @@ def main(argv=None) -> None:
     ap.add_argument("--preset", choices=list(PRESETS), default="tech")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(20, 30)))
     ap.add_argument("--rules", nargs="+", default=["seen", "measured-predicted", "predicted", "predicted-mean16"],
-                    choices=list(RULES))
+                    choices=list(RULES) + ["R*"],
+                    help="replay: the final rules; R* is rule 5bc1c02's, read from the bench replays (nothing "
+                         "is replayed where neither of its candidates held)")
     ap.add_argument("--rule", choices=list(RULES), default="seen",
                     help="judge: the final rule replayed on the arm's runs (replay --arm A --rules R first)")
     ap.add_argument("--truth", choices=["sample", "mean", "neighbours", "trend", "predicted"], default="sample",
@@ -844,7 +883,13 @@ def main(argv=None) -> None:
     elif a.verb == "term-noise":
         term_noise_preset(a.preset, a.json)
     elif a.verb == "replay":
-        replay(a.preset, a.seeds, a.rules, a.arm)
+        rules = a.rules
+        if "R*" in rules:
+            star = r_star()
+            print(f"R* (rule 5bc1c02): {star or 'none; neither candidate held on the bench, nothing to replay'}",
+                  flush=True)
+            rules = [r for r in rules if r != "R*"] + ([star] if star else [])
+        replay(a.preset, a.seeds, rules, a.arm)
     else:
         decompose(a.preset, a.seeds, a.rules, a.json)
 

@@ -144,3 +144,26 @@ def test_a_recorded_run_restored_on_a_new_machine_must_find_its_record_mixture(t
     monkeypatch.setattr(sp, "_search_run", lambda *a, **k: search(*a, **k, weights=[0.5, 0.5]))
     with pytest.raises(SystemExit, match="another mixture than its record"):
         sp.restore("x", 20)
+
+
+def test_r_star_is_the_holding_rule_with_the_lower_mean_and_none_before_eight_seeds(monkeypatch):
+    import pytest
+
+    import benchmarks.steady_pick as sp
+    seeds = list(range(20, 28))
+    got = {}
+    monkeypatch.setattr(sp, "judge", lambda preset, s, arm, out, rule: got[rule])
+
+    def reading(diff, upper, n=8):
+        return {"seeds": seeds[:n], "minus_arm_seen": {"diff": diff, "ci95": [diff - 0.01, upper]}}
+    got.update({"measured-denoised": reading(-0.006, -0.001), "measured-mean4": reading(-0.004, -0.0005)})
+    assert sp.r_star() == "measured-denoised"
+    got["measured-mean4"] = reading(-0.008, -0.002)
+    assert sp.r_star() == "measured-mean4"  # both hold: the lower mean
+    got["measured-mean4"] = reading(-0.009, +0.001)
+    assert sp.r_star() == "measured-denoised"  # a lower mean that does not hold is not R*
+    got["measured-denoised"] = reading(-0.006, +0.0001)
+    assert sp.r_star() is None
+    got["measured-denoised"] = reading(-0.006, -0.001, n=7)
+    with pytest.raises(SystemExit, match="not all of"):
+        sp.r_star()
