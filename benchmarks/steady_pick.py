@@ -858,6 +858,8 @@ def main(argv=None) -> None:
                     help="judge: the final rule replayed on the arm's runs (replay --arm A --rules R first)")
     ap.add_argument("--truth", choices=["sample", "mean", "neighbours", "trend", "predicted"], default="sample",
                     help="simulated: search the GP's samples, its posterior mean, the measured neighbours' average (alone, around a ridge trend), or the run's predictor clipped to the measured range")
+    ap.add_argument("--wait", type=float, default=0,
+                    help="replay --rules R*: minutes to wait for the bench replays that name R* to finish")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.verb == "train":
@@ -885,7 +887,17 @@ def main(argv=None) -> None:
     elif a.verb == "replay":
         rules = a.rules
         if "R*" in rules:
-            star = r_star()
+            import time
+            t_end = time.time() + 60 * a.wait
+            while True:  # the bench replays may still be training in the other lane
+                try:
+                    star = r_star()
+                    break
+                except SystemExit as e:
+                    if time.time() > t_end:
+                        raise
+                    print(f"{e}; waiting", flush=True)
+                    time.sleep(120)
             print(f"R* (rule 5bc1c02): {star or 'none; neither candidate held on the bench, nothing to replay'}",
                   flush=True)
             rules = [r for r in rules if r != "R*"] + ([star] if star else [])
