@@ -21,7 +21,8 @@ starts from the plan's first item again: each driver then skips what its records
 the base folders it needs, and trains only what no record has. Two queues on one plan share the work through the claims instead of repeating it, and `--lanes`
 bounds the items of the plan running at once, whoever started them: an item already running
 (a claim whose process is alive) holds a lane.
-An item's command runs with `bash -c` at the repository root, offline (HF_HUB_OFFLINE=1).
+An item's command runs with `bash -c` at the repository root, offline (HF_HUB_OFFLINE=1), with
+the machine's cores shared among the lanes for torch's threads (OMP_NUM_THREADS, unless set).
 """
 from __future__ import annotations
 
@@ -78,6 +79,16 @@ def _alive(claim: dict) -> bool:
     return False
 
 
+def item_env(lanes: int) -> dict:
+    """An item's environment: offline, and its share of the cores for torch's and BLAS's threads
+    (the machine's cores over the lanes), unless the caller set them. An item that trains proxies in
+    its own process would otherwise take a thread per core in every lane, and the lanes' threads
+    wait on each other."""
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, lanes)))
+    return {**os.environ, **OFFLINE, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads),
+            "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS", threads)}
+
+
 class Queue:
     def __init__(self, plan: Path, state: Path | None = None):
         self.plan, self.items = plan, parse(plan)
@@ -123,7 +134,7 @@ class Queue:
             log.write(f"# {time.strftime('%F %T')} {cmd}\n")
             log.flush()
             child = subprocess.Popen(["bash", "-c", cmd], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                     env=dict(os.environ, **OFFLINE))
+                                     env=item_env(self.lanes))
             c = self.path(name, "claim")
             c.write_text(json.dumps(dict(json.loads(c.read_text()), child=child.pid)))
             rc = child.wait()

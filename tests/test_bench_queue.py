@@ -70,3 +70,16 @@ def test_the_bench_plan_names_commands_that_exist():
     for _, cmd in items:
         script = cmd.split()[1]
         assert (REPO / script).exists(), script
+
+
+def test_each_lane_gets_its_share_of_the_cores_for_torch_threads_unless_set(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert queue.item_env(2)["OMP_NUM_THREADS"] == "4" and queue.item_env(16)["OMP_NUM_THREADS"] == "1"
+    assert queue.item_env(2)["HF_HUB_OFFLINE"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert queue.item_env(2)["OMP_NUM_THREADS"] == "3"
+    out = tmp_path / "env"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    q = queue.Queue(_plan(tmp_path, f"a: echo $OMP_NUM_THREADS > {out}\n"), tmp_path / "state")
+    assert q.run(lanes=2, poll=0.05) == 0 and out.read_text().strip() == "4"  # what the item sees
