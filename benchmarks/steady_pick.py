@@ -901,7 +901,8 @@ def main(argv=None) -> None:
             print(f"R* (rule 5bc1c02): {star or 'none; neither candidate held on the bench, nothing to replay'}",
                   flush=True)
             rules = [r for r in rules if r != "R*"] + ([star] if star else [])
-        replay(a.preset, a.seeds, rules, a.arm)
+        if rules:  # nothing to replay builds no base
+            replay(a.preset, a.seeds, rules, a.arm)
     else:
         decompose(a.preset, a.seeds, a.rules, a.json)
 
