@@ -466,6 +466,107 @@ def replay(preset: str, seeds: list[int], rules: list[str], arm: str = "default"
                   f"{' (the run pick)' if same else ''}", flush=True)
 
 
+def more_file(preset: str, arm: str) -> Path:
+    """Where an arm's picks trained on further comparison seeds are kept (`more_seeds`)."""
+    return RECORDS / f"g49{preset}_{arm}_more.json"
+
+
+def more_seeds(preset: str, seeds: list[int], rule: str, arm: str, comparison: list[int]) -> None:
+    """The pick `rule` makes on each recorded run of `arm` ("seen": the run's own pick, as recorded)
+    trained on comparison seeds its judgement did not read, so a pick found by looking at the first
+    ten is judged on data that did not select it (kept proxy by proxy in g49<preset>_<arm>_more.json,
+    entries "<rule>/s<seed>"; a killed run goes on where it stopped)."""
+    from climb.runtime.executor import make_executor
+    from climb.runtime.layout import RunPaths
+    from climb.stages.search.common import proxy_task, run_proxies
+    kept = more_file(preset, arm)
+    have = json.loads(kept.read_text()) if kept.exists() else {}
+    base = RunPaths(ensure_base(preset))
+    for seed in seeds:
+        rec = json.loads((RECORDS / f"g49{preset}_{arm}_s{seed}.json").read_text())
+        name = f"{rule}/s{seed}"
+        done = dict(have.get(name, {}).get("objective", {}))
+        todo = [c for c in comparison if str(c) not in done]
+        if not todo:
+            continue
+        same_base(preset, rec)
+        weights = rec["mixtures"]["weights"] if rule == "seen" else replay_pick(preset, rec, rule, arm)["weights"]
+        replayed = json.loads(replays_file(preset, arm).read_text()).get(name) if replays_file(preset, arm).exists() \
+            else None
+        if replayed and max(abs(a - b) for a, b in zip(weights, replayed["weights"])) > 1e-9:
+            raise SystemExit(f"{name}: the pick made again differs from the replayed one; not the same pick")
+        entry = {"weights": weights, "search_seed": seed, "rule": rule, "objective": done}
+        cfg = run_config(preset, seed, rule, arm)
+        tasks = [proxy_task(cfg, base, f"more-{arm}-{rule}-s{seed}-{c}", -1, weights, c) for c in todo]
+
+        def got(i, r, entry=entry, todo=todo, name=name):
+            entry["objective"][str(todo[i])] = r["objective"]
+            _keep_replay(kept, name, entry)
+        with make_executor(cfg.executor, 1) as ex:
+            run_proxies(cfg, ex, tasks, f"more seeds {arm} {name}", got)
+        print(f"{arm} {name}: {sum(entry['objective'].values()) / len(entry['objective']):.4f} on "
+              f"{len(entry['objective'])} further seeds", flush=True)
+
+
+def judge_more(preset: str, seeds: list[int], rule: str, arm: str, comparison: list[int], out: str | None,
+               sd_limit: float = 0.0025, margin: float = 0.002) -> dict:
+    """Rule 032dd95's bench steps 3 and 4 on the further comparison seeds alone: the picks' sd between
+    search seeds with the comparison's noise out (`between_sd`), and, where the default search's own
+    picks are trained on the same seeds, the paired difference by search seed."""
+    import numpy as np
+
+    from climb.optimize.quality import paired_comparison
+    cs = [str(c) for c in comparison]
+
+    def table(a: str, r: str):
+        f = more_file(preset, a)
+        have = json.loads(f.read_text()) if f.exists() else {}
+        rows = {s: [have[f"{r}/s{s}"]["objective"][c] for c in cs] for s in seeds
+                if all(c in have.get(f"{r}/s{s}", {}).get("objective", {}) for c in cs)}
+        return rows
+    ours, theirs = table(arm, rule), table("default", "seen")
+    if len(ours) < len(seeds):
+        raise SystemExit(f"{arm} {rule} on {preset}: seeds {sorted(ours)} of {seeds} have all {len(cs)} further "
+                         "comparison seeds; nothing judged")
+    goal = json.loads((RECORDS / f"g49{preset}_{arm}_s{seeds[0]}.json").read_text())["goal"]
+    bsd = between_sd([ours[s] for s in seeds])
+    obj = {"preset": preset, "arm": arm, "rule": rule, "seeds": seeds, "comparison_seeds": comparison,
+           "found": {str(s): float(np.mean(ours[s])) for s in seeds}, "between_sd": bsd,
+           "checks": {"sd": bsd["estimate"] <= sd_limit}}
+    if len(theirs) == len(seeds):
+        d = paired_comparison([float(np.mean(ours[s])) for s in seeds], [float(np.mean(theirs[s])) for s in seeds],
+                              goal)
+        obj["default_found"] = {str(s): float(np.mean(theirs[s])) for s in seeds}
+        obj["minus_default"] = {"diff": d["diff"], "ci95": d["ci95"]}
+        obj["checks"]["paired_upper"] = d["ci95"] is not None and d["ci95"][1] < margin
+    obj["passes"] = all(obj["checks"].values()) and "paired_upper" in obj["checks"]
+    print(json.dumps({k: v for k, v in obj.items() if k not in ("found", "default_found")}, indent=1))
+    if out:
+        write_result(out, obj)
+    return obj
+
+
+def tl_mean4_gate(step: int) -> int:
+    """Rule 032dd95's steps run in order, each only if the one before passed: 0 where `step` may
+    run, 3 where a step before it failed (nothing to run), SystemExit while one is not yet judged."""
+    import contextlib
+    import io
+    quiet = contextlib.redirect_stdout(io.StringIO())
+    with quiet:
+        for preset in ("tech", "sport"):  # steps 1 and 2
+            obj = judge(preset, list(range(20, 30)), "target-last", None, "measured-mean4")
+            if len(obj["seeds"]) < 10:
+                raise SystemExit(f"TL-mean4 on {preset}: {len(obj['seeds'])} of 10 seeds replayed; not judged yet")
+            if not obj["passes"]:
+                return 3
+        if step <= 3:
+            return 0
+        if not judge_more("bench", R_STAR_SEEDS, "measured-mean4", "target-last", list(range(10017, 10047)),
+                          None)["checks"]["sd"]:  # step 3
+            return 3
+    return 0
+
+
 def _baselines(preset: str) -> dict:
     """uniform and natural on the comparison seeds, from the run that trained them."""
     for f in sorted(RECORDS.glob(f"g49{preset}_default_s*.json")):
@@ -833,7 +934,11 @@ def line_searches(preset: str, seeds: list[int], arms: list[str], noises: list[f
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("verb", choices=["train", "replay", "decompose", "spread", "judge", "figure",
-                                         "simulated", "pooled", "line-searches", "term-noise"])
+                                         "simulated", "pooled", "line-searches", "term-noise", "more-seeds",
+                                         "judge-more", "gate"])
+    ap.add_argument("--step", type=int, default=3, help="gate: rule 032dd95's step (3 or 4) to run or not")
+    ap.add_argument("--comparison-seeds", type=int, nargs="+", default=list(range(10017, 10047)),
+                    help="more-seeds / judge-more: the further comparison seeds (default 10017-10046)")
     ap.add_argument("--arm", choices=list(ARMS), default="default", help="train / replay / judge / figure: which search")
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=["default", "target-last"],
                     help="pooled, line-searches: the arms whose runs are read together")
@@ -859,13 +964,31 @@ def main(argv=None) -> None:
     ap.add_argument("--truth", choices=["sample", "mean", "neighbours", "trend", "predicted"], default="sample",
                     help="simulated: search the GP's samples, its posterior mean, the measured neighbours' average (alone, around a ridge trend), or the run's predictor clipped to the measured range")
     ap.add_argument("--wait", type=float, default=0,
-                    help="replay --rules R*: minutes to wait for the bench replays that name R* to finish")
+                    help="replay --rules R*, gate: minutes to wait for the measurements they read to finish")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.verb == "train":
         train(a.preset, a.seeds, a.arm)
     elif a.verb == "judge":
         judge(a.preset, a.seeds, a.arm, a.json, a.rule)
+    elif a.verb == "more-seeds":
+        more_seeds(a.preset, a.seeds, a.rule, a.arm, a.comparison_seeds)
+    elif a.verb == "gate":
+        import time
+        t_end = time.time() + 60 * a.wait
+        while True:  # the steps before may still be training in the other lane
+            try:
+                rc = tl_mean4_gate(a.step)
+                break
+            except SystemExit as e:
+                if time.time() > t_end:
+                    raise
+                print(f"{e}; waiting", flush=True)
+                time.sleep(120)
+        print(f"TL-mean4 step {a.step}: {'runs' if rc == 0 else 'not run, a step before it failed'}", flush=True)
+        raise SystemExit(rc)
+    elif a.verb == "judge-more":
+        judge_more(a.preset, a.seeds, a.rule, a.arm, a.comparison_seeds, a.json)
     elif a.verb == "figure":
         figure(a.preset, a.seeds, a.arm, a.json)
     elif a.verb == "line-searches":

@@ -167,3 +167,91 @@ def test_r_star_is_the_holding_rule_with_the_lower_mean_and_none_before_eight_se
     got["measured-denoised"] = reading(-0.006, -0.001, n=7)
     with pytest.raises(SystemExit, match="not all of"):
         sp.r_star()
+
+
+def _more_world(tmp_path, monkeypatch, objective):
+    """steady_pick's more_seeds with proxies faked: `objective(weights, seed)` is what one trains to."""
+    import contextlib
+
+    import benchmarks.steady_pick as sp
+    import climb.runtime.executor as ex
+    import climb.stages.search.common as sc
+    monkeypatch.setattr(sp, "RECORDS", tmp_path)
+    monkeypatch.setattr(sp, "ensure_base", lambda preset: tmp_path)
+    monkeypatch.setattr(sp, "same_base", lambda preset, rec: "same digest")
+    monkeypatch.setattr(sp, "run_config", lambda *a, **k: type("C", (), {"executor": None})())
+    monkeypatch.setattr(sp, "replay_pick", lambda preset, rec, rule, arm: {"weights": [0.5, 0.5]})
+    monkeypatch.setattr(ex, "make_executor", lambda cfg, n: contextlib.nullcontext())
+    monkeypatch.setattr(sc, "proxy_task", lambda cfg, base, name, it, w, seed: (list(w), seed))
+    trained = []
+
+    def run(cfg, executor, tasks, desc, on_record):
+        for i, (w, seed) in enumerate(tasks):
+            trained.append((tuple(w), seed))
+            on_record(i, {"objective": objective(w, seed)})
+    monkeypatch.setattr(sc, "run_proxies", run)
+    for arm, w in (("target-last", [0.2, 0.8]), ("default", [0.9, 0.1])):
+        for s in (20, 21, 22):
+            (tmp_path / f"g49x_{arm}_s{s}.json").write_text(json.dumps({"goal": "minimize",
+                                                                         "mixtures": {"weights": w}}))
+    return sp, trained
+
+
+def test_picks_on_further_comparison_seeds_resume_and_are_judged_on_those_seeds_alone(tmp_path, monkeypatch):
+    import pytest
+    noise = {(s, c): 0.002 * ((7 * s + 3 * c) % 5 - 2) for s in (20, 21, 22) for c in (1, 2, 3, 4)}
+    sp, trained = _more_world(tmp_path, monkeypatch, lambda w, c: 2.0 + w[0] + 0.001 * c)
+    sp.more_seeds("x", [20], "measured-mean4", "target-last", [1, 2])
+    assert trained == [((0.5, 0.5), 1), ((0.5, 0.5), 2)]  # the rule's pick, not the run's own
+    sp.more_seeds("x", [20], "measured-mean4", "target-last", [1, 2, 3])
+    assert trained[2:] == [((0.5, 0.5), 3)]  # only what no proxy holds yet
+    sp.more_seeds("x", [20], "seen", "default", [1])
+    assert trained[3:] == [((0.9, 0.1), 1)]  # "seen": the record's own pick
+    with pytest.raises(SystemExit, match="nothing judged"):
+        sp.judge_more("x", [20, 21], "measured-mean4", "target-last", [1, 2, 3], None)
+
+    # three search seeds whose picks differ by a planted 0.03 a seed, under noise; the default 0.15 worse
+    objective = {"target-last": lambda s: (lambda w, c: 2.0 + 0.03 * (s - 20) + noise[s, c]),
+                 "default": lambda s: (lambda w, c: 2.15 + noise[s, c])}
+    kept, fresh = {}, tmp_path / "fresh"
+    fresh.mkdir()
+    for arm, rule in (("target-last", "measured-mean4"), ("default", "seen")):
+        for s in (20, 21, 22):
+            sp, _ = _more_world(fresh, monkeypatch, objective[arm](s))
+            sp.more_seeds("x", [s], rule, arm, [1, 2, 3, 4])
+        kept[arm] = json.loads(sp.more_file("x", arm).read_text())
+    got = sp.judge_more("x", [20, 21, 22], "measured-mean4", "target-last", [2, 3, 4], None)
+    assert got["found"]["20"] == pytest.approx(2.0 + np.mean([noise[20, c] for c in (2, 3, 4)]))  # seed 1 not read
+    assert got["minus_default"]["diff"] < 0 and got["checks"]["paired_upper"]
+    assert got["between_sd"]["estimate"] == pytest.approx(0.03, abs=0.005)  # the planted spread, noise out
+    assert not got["checks"]["sd"] and not got["passes"]
+    tight = sp.judge_more("x", [20, 21, 22], "measured-mean4", "target-last", [2, 3, 4], None, sd_limit=1.0)
+    assert tight["passes"]
+
+
+def test_further_seeds_refuse_a_pick_that_is_not_the_replayed_one(tmp_path, monkeypatch):
+    import pytest
+    sp, trained = _more_world(tmp_path, monkeypatch, lambda w, c: 2.0)
+    sp.replays_file("x", "target-last").write_text(json.dumps({"measured-mean4/s20": {"weights": [0.4, 0.6]}}))
+    with pytest.raises(SystemExit, match="differs from the replayed one"):
+        sp.more_seeds("x", [20], "measured-mean4", "target-last", [1])
+    assert not trained
+
+
+def test_tl_mean4_steps_run_in_order_each_only_after_the_one_before_passed(monkeypatch):
+    import pytest
+
+    import benchmarks.steady_pick as sp
+    read = {"tech": {"seeds": list(range(20, 30)), "passes": True},
+            "sport": {"seeds": list(range(20, 30)), "passes": True}}
+    sd = {"checks": {"sd": True}}
+    monkeypatch.setattr(sp, "judge", lambda preset, *a, **k: read[preset])
+    monkeypatch.setattr(sp, "judge_more", lambda *a, **k: sd)
+    assert sp.tl_mean4_gate(3) == 0 and sp.tl_mean4_gate(4) == 0
+    sd["checks"]["sd"] = False
+    assert sp.tl_mean4_gate(3) == 0 and sp.tl_mean4_gate(4) == 3  # the fresh seeds' sd failed: no step 4
+    read["sport"]["passes"] = False
+    assert sp.tl_mean4_gate(3) == 3
+    read["tech"]["seeds"] = list(range(20, 27))
+    with pytest.raises(SystemExit, match="not judged yet"):
+        sp.tl_mean4_gate(3)
