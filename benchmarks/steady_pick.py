@@ -931,6 +931,21 @@ def line_searches(preset: str, seeds: list[int], arms: list[str], noises: list[f
     return obj
 
 
+def waiting(read, minutes: float, poll: float = 120.0):
+    """`read()`, tried again every `poll` seconds for up to `minutes` while it refuses (SystemExit:
+    what it reads is not all there yet); the last refusal is raised."""
+    import time
+    t_end = time.time() + 60 * minutes
+    while True:
+        try:
+            return read()
+        except SystemExit as e:
+            if time.time() > t_end:
+                raise
+            print(f"{e}; waiting", flush=True)
+            time.sleep(poll)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("verb", choices=["train", "replay", "decompose", "spread", "judge", "figure",
@@ -974,17 +989,7 @@ def main(argv=None) -> None:
     elif a.verb == "more-seeds":
         more_seeds(a.preset, a.seeds, a.rule, a.arm, a.comparison_seeds)
     elif a.verb == "gate":
-        import time
-        t_end = time.time() + 60 * a.wait
-        while True:  # the steps before may still be training in the other lane
-            try:
-                rc = tl_mean4_gate(a.step)
-                break
-            except SystemExit as e:
-                if time.time() > t_end:
-                    raise
-                print(f"{e}; waiting", flush=True)
-                time.sleep(120)
+        rc = waiting(lambda: tl_mean4_gate(a.step), a.wait)  # the steps before may be training in the other lane
         print(f"TL-mean4 step {a.step}: {'runs' if rc == 0 else 'not run, a step before it failed'}", flush=True)
         raise SystemExit(rc)
     elif a.verb == "judge-more":
@@ -1010,17 +1015,7 @@ def main(argv=None) -> None:
     elif a.verb == "replay":
         rules = a.rules
         if "R*" in rules:
-            import time
-            t_end = time.time() + 60 * a.wait
-            while True:  # the bench replays may still be training in the other lane
-                try:
-                    star = r_star()
-                    break
-                except SystemExit as e:
-                    if time.time() > t_end:
-                        raise
-                    print(f"{e}; waiting", flush=True)
-                    time.sleep(120)
+            star = waiting(r_star, a.wait)  # the bench replays may still be training in the other lane
             print(f"R* (rule 5bc1c02): {star or 'none; neither candidate held on the bench, nothing to replay'}",
                   flush=True)
             rules = [r for r in rules if r != "R*"] + ([star] if star else [])

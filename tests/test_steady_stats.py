@@ -255,3 +255,19 @@ def test_tl_mean4_steps_run_in_order_each_only_after_the_one_before_passed(monke
     read["tech"]["seeds"] = list(range(20, 27))
     with pytest.raises(SystemExit, match="not judged yet"):
         sp.tl_mean4_gate(3)
+
+
+def test_waiting_reads_again_until_what_it_reads_is_there_and_gives_up_after_its_time():
+    import pytest
+
+    import benchmarks.steady_pick as sp
+    tries = []
+
+    def read():
+        tries.append(1)
+        if len(tries) < 3:
+            raise SystemExit("not all there yet")
+        return "R"
+    assert sp.waiting(read, minutes=1, poll=0.01) == "R" and len(tries) == 3
+    with pytest.raises(SystemExit, match="not all there"):
+        sp.waiting(lambda: (_ for _ in ()).throw(SystemExit("not all there yet")), minutes=0, poll=0.01)
